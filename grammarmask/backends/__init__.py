@@ -1,0 +1,49 @@
+"""Grammar engines behind one interface; which are installed decides which can be used."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ..errors import GrammarMaskError
+from ..vocabulary import Vocabulary
+from .base import Backend, CompiledGrammar, Matcher, words_per_row
+
+_MODULES = {"xgrammar": "xgrammar", "outlines": "outlines_core"}
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend grammarmask knows, installed or not."""
+    return tuple(_MODULES)
+
+
+def installed_backends() -> tuple[str, ...]:
+    """Backends whose engine package can be imported here."""
+    return tuple(name for name, module in _MODULES.items() if importlib.util.find_spec(module))
+
+
+def create_backend(name: str, vocab: Vocabulary) -> Backend:
+    """Bind the named backend to `vocab`; a clear error if unknown or not installed."""
+    if name not in _MODULES:
+        raise GrammarMaskError(f"unknown backend {name!r}; choose from {', '.join(_MODULES)}")
+    if name not in installed_backends():
+        raise GrammarMaskError(
+            f"backend {name!r} needs the {_MODULES[name]} package: pip install 'grammarmask[{name}]'"
+        )
+    if name == "xgrammar":
+        from .xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(vocab)
+    from .outlines_backend import OutlinesBackend
+
+    return OutlinesBackend(vocab)
+
+
+__all__ = [
+    "Backend",
+    "CompiledGrammar",
+    "Matcher",
+    "backend_names",
+    "create_backend",
+    "installed_backends",
+    "words_per_row",
+]

@@ -1,0 +1,113 @@
+"""The small interface every grammar engine is wrapped into."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..enforcement import Unenforced
+from ..grammars import Grammar
+from ..vocabulary import Vocabulary
+
+
+def words_per_row(vocab_size: int) -> int:
+    """Width of one packed int32 bitmask row."""
+    return (vocab_size + 31) // 32
+
+
+def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
+    """Pack a bool vector (True = allowed) into int32 words, bit i of word w = id 32*w + i."""
+    padded = torch.zeros(words_per_row(allowed.numel()) * 32, dtype=torch.int64)
+    padded[: allowed.numel()] = allowed.to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64) << torch.arange(32, dtype=torch.int64)
+    words = (padded.view(-1, 32) * weights).sum(dim=1)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+
+
+def fill_stop_only(bitmask: torch.Tensor, row: int, stop_token_ids: tuple[int, ...]) -> None:
+    """A row that lets the request end and nothing else (fail-closed, never all zero)."""
+    bitmask[row].zero_()
+    set_token_bits(bitmask, row, stop_token_ids)
+
+
+def set_token_bits(bitmask: torch.Tensor, row: int, token_ids: tuple[int, ...]) -> None:
+    """Allow `token_ids` in `bitmask[row]` in addition to what it allows already."""
+    for token_id in token_ids:
+        word = token_id >> 5
+        value = (int(bitmask[row, word]) & 0xFFFFFFFF) | (1 << (token_id & 31))
+        bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+class Matcher(ABC):
+    """One request's position in a grammar.
+
+    `accept` never changes state on a forbidden token; `rollback(n)` undoes the last n accepted
+    tokens, so drafts can be tried and withdrawn.
+    """
+
+    @abstractmethod
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (and no change) if the grammar forbids it."""
+
+    @abstractmethod
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed-next-token bits into `bitmask[row]` (int32, packed, CPU)."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """A stop token has been accepted."""
+
+    @abstractmethod
+    def can_stop(self) -> bool:
+        """The text so far is complete: a stop token would be accepted now."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Back to the start of the grammar."""
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A grammar compiled for one backend and vocabulary, with what that backend leaves out."""
+
+    backend: str
+    grammar: Grammar
+    unenforced: tuple[Unenforced, ...]
+    compile_seconds: float
+    _new_matcher: Callable[[], Matcher] = field(repr=False, compare=False)
+
+    @property
+    def fully_enforced(self) -> bool:
+        return not self.unenforced
+
+    def matcher(self) -> Matcher:
+        """A fresh matcher at the start of the grammar."""
+        return self._new_matcher()
+
+
+class Backend(ABC):
+    """A grammar engine bound to one vocabulary."""
+
+    name: ClassVar[str]
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+
+    @abstractmethod
+    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
+        """What of `grammar` this backend would not enforce, found without compiling.
+
+        Raises UnsupportedGrammarError for a kind of grammar it cannot serve at all.
+        """
+
+    @abstractmethod
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        """Compile; raises a GrammarError subclass naming the problem."""

@@ -1,0 +1,129 @@
+"""outlines-core: a regex compiled to a token-level DFA index; regular languages only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..enforcement import OUTLINES_SUPPORT, Unenforced, find_unenforced
+from ..errors import CompileError, UnsupportedGrammarError
+from ..grammars import Grammar
+from ..vocabulary import Vocabulary
+from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, set_token_bits
+
+
+class OutlinesMatcher(Matcher):
+    """Wraps a Guide; stop tokens are handled here because outlines-core knows one EOS only
+    and refuses to advance on it."""
+
+    def __init__(self, index: Any, vocab: Vocabulary, max_rollback: int) -> None:
+        import outlines_core
+
+        self._index = index
+        self._guide = outlines_core.Guide(index, max_rollback=max_rollback)
+        self._stop_token_ids = vocab.stop_token_ids
+        self._extra_stops = vocab.stop_token_ids[1:]
+        self._eos = vocab.stop_token_ids[0]
+        self._words = (vocab.size + 31) // 32
+        self._terminated = False
+
+    def accept(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        if token_id in self._stop_token_ids:
+            if not self.can_stop():
+                return False
+            self._terminated = True
+            return True
+        try:
+            self._guide.advance(token_id)
+        except ValueError:
+            return False
+        return True
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._terminated:
+            fill_stop_only(bitmask, row, self._stop_token_ids)
+            return
+        if bitmask.dtype != torch.int32 or not bitmask.is_contiguous() or bitmask.shape[1] != self._words:
+            raise ValueError(f"bitmask must be contiguous int32 with {self._words} words per row")
+        self._guide.write_mask_into(bitmask[row].data_ptr(), self._words, 4)
+        if self._extra_stops and self.can_stop():
+            set_token_bits(bitmask, row, self._extra_stops)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens and self._terminated:
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
+            self._guide.rollback_state(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def can_stop(self) -> bool:
+        return not self._terminated and bool(self._index.is_final_state(self._guide.get_state()))
+
+    def reset(self) -> None:
+        self._guide.reset()
+        self._terminated = False
+
+
+class OutlinesBackend(Backend):
+    name = "outlines"
+
+    def __init__(self, vocab: Vocabulary, *, max_rollback: int = 64) -> None:
+        import outlines_core
+
+        super().__init__(vocab)
+        self._max_rollback = max_rollback
+        by_bytes: dict[bytes, list[int]] = {}
+        for token_id, token in enumerate(vocab.token_bytes):
+            if token:
+                by_bytes.setdefault(token, []).append(token_id)
+        self._vocabulary = outlines_core.Vocabulary(vocab.stop_token_ids[0], by_bytes)
+
+    def _regex(self, grammar: Grammar) -> str:
+        from outlines_core.json_schema import build_regex_from_schema
+
+        if grammar.kind == "json_schema":
+            whitespace = "" if grammar.whitespace == "compact" else f"[ \\t\\n\\r]{{0,{grammar.max_whitespace}}}"
+            try:
+                return str(build_regex_from_schema(grammar.source, whitespace_pattern=whitespace))
+            except (ValueError, TypeError, RuntimeError) as exc:
+                raise UnsupportedGrammarError(
+                    f"outlines cannot express {grammar.describe()}: {exc}"
+                ) from None
+        if grammar.kind in ("regex", "choice"):
+            return grammar.as_regex()
+        raise UnsupportedGrammarError(
+            f"outlines serves regular languages only; {grammar.kind} grammars need xgrammar"
+        )
+
+    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
+        if grammar.kind in ("json", "ebnf"):
+            self._regex(grammar)
+        if grammar.kind == "json_schema":
+            return find_unenforced(grammar.schema, OUTLINES_SUPPORT)
+        return ()
+
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        import outlines_core
+
+        unenforced = self.unenforced(grammar)
+        regex = self._regex(grammar)
+        started = time.perf_counter()
+        try:
+            index = outlines_core.Index(regex, self._vocabulary)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise CompileError(f"outlines cannot compile {grammar.describe()}: {exc}") from None
+        elapsed = time.perf_counter() - started
+        return CompiledGrammar(
+            self.name,
+            grammar,
+            unenforced,
+            elapsed,
+            lambda: OutlinesMatcher(index, self.vocab, self._max_rollback),
+        )

@@ -1,0 +1,90 @@
+"""Compilation off the hot path: background threads, a timeout, and a bounded LRU cache.
+
+outlines-core needs seconds per schema, so compiled grammars are cached by backend + spec +
+options + vocabulary, and a request for a grammar already compiling waits for that same
+compilation instead of starting another. Failures are cached too: a bad spec sent twice
+fails twice at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from .backends import Backend, CompiledGrammar, create_backend
+from .errors import CompileTimeoutError
+from .grammars import Grammar
+from .vocabulary import Vocabulary
+
+CacheKey = tuple[str, tuple[str, str, str, bool, int], str]
+
+
+class GrammarCompiler:
+    """Compiles grammars for one vocabulary on background threads.
+
+    `timeout_s` bounds how long `compile` waits; the compilation itself runs on and its
+    result still lands in the cache, so a retry is cheap.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        *,
+        threads: int = 2,
+        cache_size: int = 256,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if cache_size < 1:
+            raise ValueError(f"cache_size must be at least 1, not {cache_size}")
+        self.vocab = vocab
+        self.timeout_s = timeout_s
+        self._cache_size = cache_size
+        self._cache: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
+        self._backends: dict[str, Backend] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-compile")
+
+    def backend(self, name: str) -> Backend:
+        """The named backend bound to this vocabulary, created once."""
+        with self._lock:
+            if name not in self._backends:
+                self._backends[name] = create_backend(name, self.vocab)
+            return self._backends[name]
+
+    def submit(self, grammar: Grammar, backend: str = "xgrammar") -> Future[CompiledGrammar]:
+        """Start (or join) the compilation of `grammar`; returns at once."""
+        engine = self.backend(backend)
+        key: CacheKey = (backend, grammar.key, self.vocab.fingerprint)
+        with self._lock:
+            future = self._cache.get(key)
+            if future is not None:
+                self._cache.move_to_end(key)
+                return future
+            future = self._executor.submit(engine.compile, grammar)
+            self._cache[key] = future
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+            return future
+
+    def compile(
+        self, grammar: Grammar, backend: str = "xgrammar", *, timeout_s: float | None = None
+    ) -> CompiledGrammar:
+        """Compile and wait; raises the backend's GrammarError or CompileTimeoutError."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            return self.submit(grammar, backend).result(timeout=limit)
+        except FutureTimeout:
+            raise CompileTimeoutError(
+                f"compiling {grammar.describe()} on {backend} took longer than {limit:g} s"
+            ) from None
+
+    def cached(self) -> int:
+        """Number of cache entries (finished or in flight)."""
+        with self._lock:
+            return len(self._cache)
+
+    def close(self) -> None:
+        """Stop the worker threads; compilations in flight are abandoned."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

