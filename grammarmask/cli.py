@@ -16,7 +16,7 @@ from .grammars import Grammar
 from .known_vocabs import KNOWN_VOCABULARIES, load_vocabulary
 from .vocabulary import Vocabulary
 
-DEFAULT_SCHEMA = "invoice.json"
+DEFAULT_SCHEMA = "person.json"
 
 
 def bundled_schema_path(name: str) -> Path:
@@ -32,7 +32,10 @@ def _load_vocab(args: argparse.Namespace) -> Vocabulary:
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -56,13 +59,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"schema     {path}")
-    print(f"vocabulary {args.tokenizer_json or args.vocab}: {vocab} (loaded in {time.perf_counter() - started:.1f} s)")
+    loaded = time.perf_counter() - started
+    print(f"vocabulary {args.tokenizer_json or args.vocab}: {vocab} (loaded in {loaded:.1f} s)")
     backends = args.backend or list(installed_backends())
     compiler = GrammarCompiler(vocab, timeout_s=args.timeout)
     rows = [["backend", "result", "compile", "enforcement"]]
     details: list[str] = []
     compiled_any = False
     for name in backends:
+        print(f"compiling on {name} ...", file=sys.stderr, flush=True)
         try:
             compiled = compiler.compile(grammar, name)
         except GrammarMaskError as exc:
@@ -92,14 +97,24 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="compile a JSON Schema on each installed backend and say what each enforces",
     )
-    check.add_argument("schema", nargs="?", help=f"JSON Schema file (default: bundled {DEFAULT_SCHEMA})")
-    check.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek",
-                       help="real vocabulary to compile for (default: deepseek)")
+    check.add_argument(
+        "schema", nargs="?", help=f"JSON Schema file (default: bundled {DEFAULT_SCHEMA})"
+    )
+    check.add_argument(
+        "--vocab",
+        choices=sorted(KNOWN_VOCABULARIES),
+        default="deepseek",
+        help="real vocabulary to compile for (default: deepseek)",
+    )
     check.add_argument("--tokenizer-json", help="use this HF tokenizer.json instead of --vocab")
     check.add_argument("--logits-width", type=int, help="logits width for --tokenizer-json")
-    check.add_argument("--backend", action="append", help="backend to try (repeatable; default: all installed)")
+    check.add_argument(
+        "--backend", action="append", help="backend to try (repeatable; default: all installed)"
+    )
     check.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
-    check.add_argument("--strict", action="store_true", help="objects without additionalProperties are closed")
+    check.add_argument(
+        "--strict", action="store_true", help="objects without additionalProperties are closed"
+    )
     check.add_argument("--timeout", type=float, default=120.0, help="compile timeout in seconds")
     check.set_defaults(run=cmd_check)
     return parser

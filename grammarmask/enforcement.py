@@ -18,7 +18,8 @@ ANNOTATIONS = frozenset(
     {
         "$schema", "$id", "$anchor", "$comment", "$vocabulary", "$defs", "definitions",
         "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-        "contentMediaType", "contentEncoding", "contentSchema", "$dynamicAnchor", "$recursiveAnchor",
+        "contentMediaType", "contentEncoding", "contentSchema", "$dynamicAnchor",
+        "$recursiveAnchor",
     }
 )  # fmt: skip
 """Keywords that never constrain an instance."""
@@ -54,6 +55,8 @@ class KeywordSupport:
     enforced: frozenset[str]
     formats: frozenset[str] = frozenset()
     rules: tuple[SchemaRule, ...] = field(default=())
+    format_notes: tuple[tuple[str, str], ...] = ()
+    """Why a format outside `formats` is not enforced, where it is only approximated."""
 
 
 def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, Any], str]]:
@@ -66,7 +69,7 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, 
         if isinstance(children, dict):
             for name, child in children.items():
                 yield from iter_subschemas(child, pointer + json_pointer((key, name)))
-    for key in _SUBSCHEMA_LISTS + ("items",):
+    for key in (*_SUBSCHEMA_LISTS, "items"):
         children = schema.get(key)
         if isinstance(children, list):
             for index, child in enumerate(children):
@@ -86,7 +89,8 @@ def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, .
                 continue
             if keyword == "format":
                 if value not in support.formats:
-                    found.append(Unenforced(pointer, "format", f"format {value!r} is not checked"))
+                    note = dict(support.format_notes).get(value, "is not checked")
+                    found.append(Unenforced(pointer, "format", f"format {value!r} {note}"))
             elif keyword not in support.enforced:
                 found.append(Unenforced(pointer, keyword))
         for rule in support.rules:
@@ -99,7 +103,9 @@ def required_outside_properties(node: dict[str, Any], pointer: str) -> Iterable[
     listed = node.get("properties", {})
     for name in node.get("required", []) if isinstance(node.get("required"), list) else []:
         if not isinstance(listed, dict) or name not in listed:
-            yield Unenforced(pointer, "required", f"required property {name!r} is not in properties")
+            yield Unenforced(
+                pointer, "required", f"required property {name!r} is not in properties"
+            )
 
 
 _COMMON = frozenset(
@@ -109,12 +115,17 @@ _COMMON = frozenset(
         "minProperties", "anyOf", "$ref",
     }
 )  # fmt: skip
-_COMMON_FORMATS = frozenset({"email", "date-time", "date", "time", "uuid", "uri"})
+_COMMON_FORMATS = frozenset({"email", "uuid", "uri"})
 
 XGRAMMAR_SUPPORT = KeywordSupport(
-    enforced=_COMMON | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
-    formats=_COMMON_FORMATS | {"ipv4", "hostname"},
+    enforced=_COMMON
+    | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
+    formats=_COMMON_FORMATS | {"ipv4", "hostname", "time"},
     rules=(required_outside_properties,),
+    format_notes=(
+        ("date", "is approximated: any day 01-31 passes in every month"),
+        ("date-time", "is approximated: any day 01-31 passes in every month"),
+    ),
 )
 """xgrammar 0.2.9. Compiled but not enforced (measured): uniqueItems, contains, not,
 if/then/else, oneOf exclusivity, allOf beyond types, dependentRequired, unevaluated*;
@@ -124,6 +135,11 @@ OUTLINES_SUPPORT = KeywordSupport(
     enforced=_COMMON,
     formats=_COMMON_FORMATS,
     rules=(required_outside_properties,),
+    format_notes=(
+        ("date", "is approximated: Unicode digits and day 31 in every month pass"),
+        ("date-time", "is approximated: negative years, a missing offset and day 31 pass"),
+        ("time", "is approximated: a missing offset passes"),
+    ),
 )
 """outlines-core 0.2.14. Drops numeric bounds, multipleOf, maxProperties, patternProperties,
 propertyNames, oneOf exclusivity, not, if/then/else, dependentRequired, unevaluated*;

@@ -58,7 +58,11 @@ def _check_local_refs(schema: Any) -> None:
         node, path = stack.pop()
         if isinstance(node, dict):
             ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/") and not _resolve_pointer(schema, ref[1:]):
+            if (
+                isinstance(ref, str)
+                and ref.startswith("#/")
+                and not _resolve_pointer(schema, ref[1:])
+            ):
                 raise InvalidSchemaError(
                     f"$ref {ref!r} does not resolve to any part of the schema",
                     json_pointer((*path, "$ref")),

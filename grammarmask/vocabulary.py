@@ -135,7 +135,9 @@ class Vocabulary:
             eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
             eos_text = eos.get("content") if isinstance(eos, dict) else eos
             if isinstance(eos_text, str):
-                eos_ids = [a["id"] for a in data.get("added_tokens", []) if a["content"] == eos_text]
+                eos_ids = [
+                    a["id"] for a in data.get("added_tokens", []) if a["content"] == eos_text
+                ]
         return cls._from_tokenizer_data(
             data, logits_width=logits_width, stop_token_ids=[*eos_ids, *stop_token_ids]
         )
@@ -203,7 +205,9 @@ class Vocabulary:
         n_tokens = max([*ranks, *names]) + 1
         table: list[bytes | None] = [ranks.get(i) for i in range(n_tokens)]
         if stop_token_ids is None:
-            stop_token_ids = [special_tokens["<|endoftext|>"]] if "<|endoftext|>" in special_tokens else []
+            stop_token_ids = (
+                [special_tokens["<|endoftext|>"]] if "<|endoftext|>" in special_tokens else []
+            )
         return cls(
             table,
             special_token_ids=names,
@@ -298,7 +302,9 @@ class Vocabulary:
     def fingerprint(self) -> str:
         """Stable identity for caches: same bytes, stops and width -> same key."""
         digest = hashlib.sha256()
-        digest.update(f"{self.size}:{self.stop_token_ids}:{sorted(self.special_token_ids)}".encode())
+        digest.update(
+            f"{self.size}:{self.stop_token_ids}:{sorted(self.special_token_ids)}".encode()
+        )
         for token in self._bytes:
             digest.update(len(token).to_bytes(4, "little"))
             digest.update(token)

@@ -27,7 +27,8 @@ def create_backend(name: str, vocab: Vocabulary) -> Backend:
         raise GrammarMaskError(f"unknown backend {name!r}; choose from {', '.join(_MODULES)}")
     if name not in installed_backends():
         raise GrammarMaskError(
-            f"backend {name!r} needs the {_MODULES[name]} package: pip install 'grammarmask[{name}]'"
+            f"backend {name!r} needs the {_MODULES[name]} package: "
+            f"pip install 'grammarmask[{name}]'"
         )
     if name == "xgrammar":
         from .xgrammar_backend import XGrammarBackend

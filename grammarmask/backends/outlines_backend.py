@@ -47,7 +47,11 @@ class OutlinesMatcher(Matcher):
         if self._terminated:
             fill_stop_only(bitmask, row, self._stop_token_ids)
             return
-        if bitmask.dtype != torch.int32 or not bitmask.is_contiguous() or bitmask.shape[1] != self._words:
+        if (
+            bitmask.dtype != torch.int32
+            or not bitmask.is_contiguous()
+            or bitmask.shape[1] != self._words
+        ):
             raise ValueError(f"bitmask must be contiguous int32 with {self._words} words per row")
         self._guide.write_mask_into(bitmask[row].data_ptr(), self._words, 4)
         if self._extra_stops and self.can_stop():
@@ -89,7 +93,11 @@ class OutlinesBackend(Backend):
         from outlines_core.json_schema import build_regex_from_schema
 
         if grammar.kind == "json_schema":
-            whitespace = "" if grammar.whitespace == "compact" else f"[ \\t\\n\\r]{{0,{grammar.max_whitespace}}}"
+            whitespace = (
+                ""
+                if grammar.whitespace == "compact"
+                else f"[ \\t\\n\\r]{{0,{grammar.max_whitespace}}}"
+            )
             try:
                 return str(build_regex_from_schema(grammar.source, whitespace_pattern=whitespace))
             except (ValueError, TypeError, RuntimeError) as exc:

@@ -16,7 +16,6 @@ from ..grammars import Grammar
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits
 
-
 _CONTROL_BYTES = bytes(range(0x20))
 _JSON_WHITESPACE_CONTROLS = b"\t\n\r"
 
@@ -39,7 +38,9 @@ class TokenFilter:
         if whitespace == "flexible":
             controls = bytes(b for b in controls if b not in _JSON_WHITESPACE_CONTROLS)
         banned = frozenset(
-            i for i, token in enumerate(vocab.token_bytes) if token.translate(None, controls) != token
+            i
+            for i, token in enumerate(vocab.token_bytes)
+            if token.translate(None, controls) != token
         )
         allowed = torch.ones(vocab.size, dtype=torch.bool)
         allowed[list(banned)] = False
@@ -100,7 +101,9 @@ class XGrammarBackend(Backend):
             stop_token_ids=list(vocab.stop_token_ids),
         )
         # grammarmask keeps its own bounded cache; xgrammar's would grow without limit.
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=compile_threads, cache_enabled=False)
+        self._compiler = xgrammar.GrammarCompiler(
+            info, max_threads=compile_threads, cache_enabled=False
+        )
         self._filters: dict[str, TokenFilter] = {}
         self._filters_lock = threading.Lock()
 
@@ -116,11 +119,15 @@ class XGrammarBackend(Backend):
         found = find_unenforced(grammar.schema, XGRAMMAR_SUPPORT)
         if grammar.whitespace == "flexible":
             found += tuple(
-                Unenforced(pointer, "maxLength" if "maxLength" in node else "minLength",
-                           "a raw TAB can enter this string under flexible whitespace")
+                Unenforced(
+                    pointer,
+                    "maxLength" if "maxLength" in node else "minLength",
+                    "a raw TAB can enter this string under flexible whitespace",
+                )
                 for node, pointer in iter_subschemas(grammar.schema)
                 if ("minLength" in node or "maxLength" in node)
-                and "pattern" not in node and "format" not in node
+                and "pattern" not in node
+                and "format" not in node
             )
         return found
 
@@ -151,7 +158,9 @@ class XGrammarBackend(Backend):
         elapsed = time.perf_counter() - started
         stops = self.vocab.stop_token_ids
         token_filter = (
-            self._json_filter(grammar.whitespace) if grammar.kind in ("json_schema", "json") else None
+            self._json_filter(grammar.whitespace)
+            if grammar.kind in ("json_schema", "json")
+            else None
         )
         return CompiledGrammar(
             self.name,

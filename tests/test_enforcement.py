@@ -1,0 +1,223 @@
+"""The enforcement tables are measured: a keyword a backend claims is really enforced.
+
+Each case is a schema with one valid and one invalid instance. Where a backend declares the
+schema fully enforced, the invalid instance must be rejected token by token with the real
+SmolLM2 tokenizer; where it does not, the declaration names the keyword.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import accepts_all
+
+import grammarmask as gm
+
+X, OL = "xgrammar", "outlines"
+S = dict
+
+CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
+    ("type", S(type="integer"), 5, "a", {X, OL}),
+    ("minimum", S(type="integer", minimum=3), 5, 2, {X}),
+    ("maximum", S(type="integer", maximum=3), 2, 5, {X}),
+    ("exclusiveMinimum", S(type="integer", exclusiveMinimum=3), 4, 3, {X}),
+    ("exclusiveMaximum", S(type="number", exclusiveMaximum=3), 2.5, 3, {X}),
+    ("multipleOf", S(type="integer", multipleOf=3), 6, 5, set()),
+    ("minLength", S(type="string", minLength=3), "abc", "ab", {X, OL}),
+    ("maxLength", S(type="string", maxLength=3), "abc", "abcd", {X, OL}),
+    ("pattern", S(type="string", pattern="^a+$"), "aa", "ab", {X, OL}),
+    ("enum", S(enum=["x", 1]), "x", "y", {X, OL}),
+    ("const", S(const="x"), "x", "y", {X, OL}),
+    ("minItems", S(type="array", items=S(type="integer"), minItems=2), [1, 2], [1], {X, OL}),
+    ("maxItems", S(type="array", items=S(type="integer"), maxItems=2), [1, 2], [1, 2, 3], {X, OL}),
+    (
+        "prefixItems",
+        S(type="array", prefixItems=[S(type="integer"), S(type="string")]),
+        [1, "a"],
+        ["a", 1],
+        {X, OL},
+    ),
+    (
+        "uniqueItems",
+        S(type="array", items=S(type="integer"), uniqueItems=True),
+        [1, 2],
+        [1, 1],
+        set(),
+    ),
+    (
+        "contains",
+        S(type="array", items=S(type="integer"), contains=S(const=2)),
+        [1, 2],
+        [1, 1],
+        set(),
+    ),
+    (
+        "required",
+        S(type="object", properties=S(a=S(type="integer")), required=["a"]),
+        {"a": 1},
+        {},
+        {X, OL},
+    ),
+    (
+        "required-not-in-properties",
+        S(type="object", properties=S(a=S(type="integer")), required=["a", "b"]),
+        {"a": 1, "b": 2},
+        {"a": 1},
+        set(),
+    ),
+    (
+        "additionalProperties",
+        S(type="object", properties=S(a=S(type="integer")), additionalProperties=False),
+        {"a": 1},
+        {"a": 1, "b": 2},
+        {X, OL},
+    ),
+    (
+        "minProperties",
+        S(type="object", additionalProperties=S(type="integer"), minProperties=1),
+        {"a": 1},
+        {},
+        {X, OL},
+    ),
+    (
+        "maxProperties",
+        S(type="object", additionalProperties=S(type="integer"), maxProperties=1),
+        {"a": 1},
+        {"a": 1, "b": 2},
+        {X},
+    ),
+    (
+        "patternProperties",
+        S(type="object", patternProperties={"^x": S(type="integer")}),
+        {"x1": 1},
+        {"x1": "s"},
+        set(),
+    ),
+    ("anyOf", S(anyOf=[S(type="integer"), S(type="string")]), 1, None, {X, OL}),
+    ("oneOf", S(oneOf=[S(type="integer"), S(type="number")]), 1.5, 1, set()),
+    ("allOf", S(allOf=[S(type="integer"), S(minimum=3)]), 4, 1, set()),
+    ("not", S(type="integer", **{"not": S(const=3)}), 4, 3, set()),
+    ("if-then", S(type="integer", **{"if": S(minimum=5), "then": S(multipleOf=2)}), 6, 7, set()),
+    (
+        "dependentRequired",
+        S(
+            type="object",
+            properties=S(a=S(type="integer"), b=S(type="integer")),
+            dependentRequired=S(a=["b"]),
+        ),
+        {"a": 1, "b": 1},
+        {"a": 1},
+        set(),
+    ),
+    (
+        "$ref",
+        S(
+            type="object",
+            properties=S(a={"$ref": "#/$defs/x"}),
+            required=["a"],
+            **{"$defs": S(x=S(type="integer"))},
+        ),
+        {"a": 1},
+        {"a": "s"},
+        {X, OL},
+    ),
+    ("format-email", S(type="string", format="email"), "a@b.co", "nope", {X, OL}),
+    (
+        "format-date-time",
+        S(type="string", format="date-time"),
+        "2024-01-01T00:00:00Z",
+        "2024-02-31T00:00:00Z",
+        set(),
+    ),
+    ("format-date", S(type="string", format="date"), "2024-01-01", "2023-02-29", set()),
+    ("format-time", S(type="string", format="time"), "10:00:00Z", "10:00:00", {X}),
+    (
+        "format-uuid",
+        S(type="string", format="uuid"),
+        "123e4567-e89b-12d3-a456-426614174000",
+        "x",
+        {X, OL},
+    ),
+    ("format-ipv4", S(type="string", format="ipv4"), "1.2.3.4", "1.2.3", {X}),
+    ("format-unknown", S(type="string", format="credit-card"), "4111", "x", set()),
+    (
+        "unevaluatedProperties",
+        S(type="object", properties=S(a=S(type="integer")), unevaluatedProperties=False),
+        {"a": 1},
+        {"a": 1, "b": 2},
+        set(),
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2_compiler(smollm2: gm.Vocabulary) -> gm.GrammarCompiler:
+    return gm.GrammarCompiler(smollm2, timeout_s=300)
+
+
+@pytest.mark.parametrize("backend", [X, OL])
+@pytest.mark.parametrize(
+    ("name", "schema", "valid", "invalid", "enforced_by"), CASES, ids=[c[0] for c in CASES]
+)
+def test_declared_enforcement_is_real(
+    backend: str,
+    name: str,
+    schema: dict[str, Any],
+    valid: Any,
+    invalid: Any,
+    enforced_by: set[str],
+    smollm2_compiler: gm.GrammarCompiler,
+    smollm2_tokenizer: Any,
+) -> None:
+    grammar = gm.Grammar.json_schema(schema)
+    engine = smollm2_compiler.backend(backend)
+    declared = engine.unenforced(grammar)
+    if backend not in enforced_by:
+        assert declared, f"{backend} must declare that it does not enforce {name}"
+        keyword = name.split("-")[0]
+        assert any(u.keyword == keyword for u in declared), declared
+        return
+    assert not declared, declared
+    matcher = smollm2_compiler.compile(grammar, backend).matcher()
+
+    def encode(value: Any) -> list[int]:
+        return list(
+            smollm2_tokenizer.encode(
+                json.dumps(value, separators=(",", ":")), add_special_tokens=False
+            )
+        )
+
+    assert accepts_all(matcher, encode(valid)), f"{backend} rejects the valid instance of {name}"
+    assert not accepts_all(matcher, encode(invalid)), (
+        f"{backend} accepts the invalid instance of {name}"
+    )
+
+
+def test_unenforced_items_carry_pointers(deepseek: gm.Vocabulary) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {
+                "type": "array",
+                "uniqueItems": True,
+                "items": {"type": "integer", "multipleOf": 2},
+            }
+        },
+    }
+    found = gm.create_backend("xgrammar", deepseek).unenforced(gm.Grammar.json_schema(schema))
+    assert {(u.pointer, u.keyword) for u in found} == {
+        ("/properties/tags", "uniqueItems"),
+        ("/properties/tags/items", "multipleOf"),
+    }
+    assert "uniqueItems at /properties/tags" in str(found[0]) + str(found[1])
+
+
+def test_flexible_whitespace_declares_the_tab_hole(deepseek: gm.Vocabulary) -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}}
+    backend = gm.create_backend("xgrammar", deepseek)
+    assert backend.unenforced(gm.Grammar.json_schema(schema)) == ()
+    flexible = backend.unenforced(gm.Grammar.json_schema(schema, whitespace="flexible"))
+    assert [(u.pointer, u.keyword) for u in flexible] == [("/properties/s", "maxLength")]
+    assert "TAB" in flexible[0].reason
