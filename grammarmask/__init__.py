@@ -27,10 +27,15 @@ from .errors import (
     VocabularyError,
 )
 from .grammars import Grammar
+from .kernels import ApplyError, apply_bitmask
+from .pool import MaskFuture, MatcherPool, RequestState
+from .steps import BatchError, StepMasks
 from .vocabulary import Vocabulary
 
 __all__ = [
+    "ApplyError",
     "Backend",
+    "BatchError",
     "CompileError",
     "CompileTimeoutError",
     "CompiledGrammar",
@@ -43,11 +48,16 @@ __all__ = [
     "InvalidJSONError",
     "InvalidRegexError",
     "InvalidSchemaError",
+    "MaskFuture",
     "Matcher",
+    "MatcherPool",
+    "RequestState",
+    "StepMasks",
     "Unenforced",
     "UnsupportedGrammarError",
     "Vocabulary",
     "VocabularyError",
+    "apply_bitmask",
     "backend_names",
     "create_backend",
     "installed_backends",

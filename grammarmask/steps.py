@@ -1,0 +1,112 @@
+"""One step's row layout and its masks.
+
+A batch entry owns len(drafts) + 1 logits rows: row 0 is sampled after the committed prefix,
+row j after drafts[0:j]. By default the rows are packed in batch order (the seed engine's
+layout: seqlen_q = 6, 6, 4 gives rows [0..5], [6..11], [12..15]); an engine with another
+layout passes explicit row indices, and the masks land where its logits rows are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import GrammarMaskError
+
+RequestId = str
+BatchEntry = tuple[RequestId | None, Sequence[int]]
+"""(request id, draft tokens); a None id is a request without a grammar."""
+
+
+class BatchError(GrammarMaskError, ValueError):
+    """A batch whose layout is inconsistent: the engine's mistake, not one request's."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Where each batch entry's rows are, decided on the caller's thread before any fill."""
+
+    request_ids: tuple[RequestId | None, ...]
+    drafts: tuple[tuple[int, ...], ...]
+    rows: tuple[tuple[int, ...], ...]
+    num_rows: int
+
+    @classmethod
+    def build(
+        cls,
+        batch: Sequence[BatchEntry],
+        row_indices: Sequence[Sequence[int]] | None = None,
+        num_rows: int | None = None,
+    ) -> StepPlan:
+        request_ids = tuple(entry[0] for entry in batch)
+        drafts = tuple(tuple(int(t) for t in entry[1]) for entry in batch)
+        named = [r for r in request_ids if r is not None]
+        if len(set(named)) != len(named):
+            duplicate = next(r for r in named if named.count(r) > 1)
+            raise BatchError(f"request {duplicate!r} appears twice in one batch")
+        if row_indices is None:
+            rows, start = [], 0
+            for entry_drafts in drafts:
+                rows.append(tuple(range(start, start + len(entry_drafts) + 1)))
+                start += len(entry_drafts) + 1
+            total = start if num_rows is None else num_rows
+            if total < start:
+                raise BatchError(
+                    f"num_rows={num_rows} is smaller than the {start} rows the batch needs"
+                )
+            return cls(request_ids, drafts, tuple(rows), total)
+        if len(row_indices) != len(batch):
+            raise BatchError(f"{len(row_indices)} row index lists for {len(batch)} batch entries")
+        explicit = tuple(tuple(int(i) for i in r) for r in row_indices)
+        for index, (entry_rows, entry_drafts) in enumerate(zip(explicit, drafts, strict=True)):
+            if len(entry_rows) != len(entry_drafts) + 1:
+                raise BatchError(
+                    f"batch entry {index} has {len(entry_drafts)} drafts and so needs "
+                    f"{len(entry_drafts) + 1} rows, got {len(entry_rows)}"
+                )
+        flat = [i for r in explicit for i in r]
+        total = num_rows if num_rows is not None else (max(flat) + 1 if flat else 0)
+        if len(set(flat)) != len(flat):
+            raise BatchError("two batch entries claim the same logits row")
+        if flat and (min(flat) < 0 or max(flat) >= total):
+            raise BatchError(f"row indices must lie in [0, {total})")
+        return cls(request_ids, drafts, explicit, total)
+
+    def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """row_to_request (-1: no entry), local_step, is_verify; one value per row."""
+        row_to_request = torch.full((self.num_rows,), -1, dtype=torch.int32)
+        local_step = torch.zeros(self.num_rows, dtype=torch.int32)
+        is_verify = torch.zeros(self.num_rows, dtype=torch.bool)
+        for entry, rows in enumerate(self.rows):
+            index = torch.tensor(rows, dtype=torch.long)
+            row_to_request[index] = entry
+            local_step[index] = torch.arange(len(rows), dtype=torch.int32)
+            is_verify[index[:-1]] = True
+        return row_to_request, local_step, is_verify
+
+
+@dataclass(frozen=True)
+class StepMasks:
+    """The masks of one step, ready for `apply_bitmask` and draft verification.
+
+    `bitmask` rows are meaningful where `has_grammar` is True; rows of a request past its
+    `valid_rows` are "don't care" (after the first forbidden draft) but never all zero.
+    """
+
+    bitmask: torch.Tensor
+    has_grammar: torch.Tensor
+    grammar_rows: torch.Tensor
+    row_to_request: torch.Tensor
+    local_step: torch.Tensor
+    is_verify: torch.Tensor
+    request_ids: tuple[RequestId | None, ...]
+    valid_rows: tuple[int, ...]
+    vocab_size: int
+    step: int
+    failures: dict[RequestId, str] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.bitmask.shape[0])
