@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -25,7 +26,8 @@ class GrammarCompiler:
     """Compiles grammars for one vocabulary on background threads.
 
     `timeout_s` bounds how long `compile` waits; the compilation itself runs on and its
-    result still lands in the cache, so a retry is cheap.
+    result still lands in the cache, so a retry is cheap. `backends` adds or replaces
+    backends by name (a wrapped backend, say).
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class GrammarCompiler:
         threads: int = 2,
         cache_size: int = 256,
         timeout_s: float = 60.0,
+        backends: Mapping[str, Backend] | None = None,
     ) -> None:
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, not {cache_size}")
@@ -42,7 +45,7 @@ class GrammarCompiler:
         self.timeout_s = timeout_s
         self._cache_size = cache_size
         self._cache: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
-        self._backends: dict[str, Backend] = {}
+        self._backends: dict[str, Backend] = dict(backends or {})
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-compile")
 

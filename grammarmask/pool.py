@@ -80,16 +80,12 @@ class _Request:
             self.status, self.reason = "failed", reason
 
 
-@dataclass(frozen=True)
-class _StepResult:
-    masks: StepMasks
-    event: Any
-
-
 class MaskFuture:
     """The masks of one step, being filled; `wait` joins and orders the device stream."""
 
-    def __init__(self, work: Future[_StepResult], transfer: MaskTransfer, consumer: Any) -> None:
+    def __init__(
+        self, work: Future[tuple[StepMasks, Any]], transfer: MaskTransfer, consumer: Any
+    ) -> None:
         self._work = work
         self._transfer = transfer
         self._consumer = consumer
@@ -99,9 +95,10 @@ class MaskFuture:
 
     def wait(self, timeout: float | None = None) -> StepMasks:
         """Join the CPU fill, then (on a device) make the consumer stream wait on the copy."""
-        result = self._work.result(timeout=timeout)
-        self._transfer.make_wait(self._consumer, result.event)
-        return result.masks
+        masks: StepMasks = self._transfer.join_then_wait(
+            lambda: self._work.result(timeout=timeout), self._consumer
+        )
+        return masks
 
 
 class MatcherPool:
@@ -134,6 +131,7 @@ class MatcherPool:
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
         self.compile_timeout_s = compile_timeout_s
+        self._owns_compiler = compiler is None
         self._compiler = compiler or GrammarCompiler(vocab, timeout_s=compile_timeout_s)
         self._compiler.backend(backend)  # fail now on an unknown or missing backend
         self._words = words_per_row(vocab.size)
@@ -154,17 +152,21 @@ class MatcherPool:
         fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
 
     # ------------------------------------------------------------------ requests
-    def add(self, request_id: RequestId, grammar: Grammar) -> RequestState:
-        """Register a request; its grammar compiles in the background."""
+    def add(
+        self, request_id: RequestId, grammar: Grammar, *, backend: str | None = None
+    ) -> RequestState:
+        """Register a request; its grammar compiles in the background on `backend`
+        (default: the pool's)."""
+        backend = backend or self.backend
         with self._lock:
             if request_id in self._requests:
                 raise GrammarMaskError(f"request {request_id!r} is already in the pool")
             request = _Request(
                 request_id,
                 grammar,
-                self._compiler.submit(grammar, self.backend),
+                self._compiler.submit(grammar, backend),
                 time.monotonic() + self.compile_timeout_s,
-                backend=self.backend,
+                backend=backend,
             )
             self._requests[request_id] = request
         return request.snapshot()
@@ -199,7 +201,9 @@ class MatcherPool:
 
     def _ready_matcher(self, request: _Request) -> Matcher | None:
         """The request's matcher, waiting for its compilation up to its deadline."""
-        if request.matcher is not None or request.status == "failed":
+        if request.status == "failed":
+            return None
+        if request.matcher is not None:
             return request.matcher
         assert request.compiled is not None
         try:
@@ -250,15 +254,15 @@ class MatcherPool:
         consumer = self._transfer.consumer_stream()
         if all(r is None for r in requests):
             masks = self._masks(plan, self._transfer.device_view(0, plan.num_rows), [], (), {})
-            done: Future[_StepResult] = Future()
-            done.set_result(_StepResult(masks, None))
+            done: Future[tuple[StepMasks, Any]] = Future()
+            done.set_result((masks, None))
             return MaskFuture(done, self._transfer, consumer)
         work = self._coordinator.submit(self._run_step, plan, requests, consumer)
         return MaskFuture(work, self._transfer, consumer)
 
     def _run_step(
         self, plan: StepPlan, requests: list[_Request | None], consumer: Any
-    ) -> _StepResult:
+    ) -> tuple[StepMasks, Any]:
         slot, host = self._transfer.acquire()
         entries = [i for i, r in enumerate(requests) if r is not None]
         valid = [0] * len(requests)
@@ -284,7 +288,7 @@ class MatcherPool:
             helper.result()
         bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
         grammar_rows = [row for i in entries for row in plan.rows[i]]
-        return _StepResult(self._masks(plan, bitmask, grammar_rows, tuple(valid), failures), event)
+        return self._masks(plan, bitmask, grammar_rows, tuple(valid), failures), event
 
     def _masks(
         self,
@@ -306,6 +310,7 @@ class MatcherPool:
             local_step=local_step,
             is_verify=is_verify,
             request_ids=plan.request_ids,
+            rows=plan.rows,
             valid_rows=valid or (0,) * len(plan.request_ids),
             vocab_size=self.vocab.size,
             step=self._step,
@@ -400,7 +405,8 @@ class MatcherPool:
         self._coordinator.shutdown(wait=True)
         if self._helpers is not None:
             self._helpers.shutdown(wait=True)
-        self._compiler.close()
+        if self._owns_compiler:
+            self._compiler.close()
 
     def __enter__(self) -> MatcherPool:
         return self

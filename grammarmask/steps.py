@@ -102,6 +102,7 @@ class StepMasks:
     local_step: torch.Tensor
     is_verify: torch.Tensor
     request_ids: tuple[RequestId | None, ...]
+    rows: tuple[tuple[int, ...], ...]
     valid_rows: tuple[int, ...]
     vocab_size: int
     step: int

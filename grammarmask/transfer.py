@@ -14,9 +14,12 @@ mask buffer and nothing is copied.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 class DeviceOps(Protocol):
@@ -133,7 +136,14 @@ class MaskTransfer:
         """The slot's device buffer without copying (steps without any grammar row)."""
         return self._device[slot][:num_rows]
 
+    def join_then_wait(self, join: Callable[[], tuple[T, Any]], consumer: Any) -> T:
+        """Rule 1: finish the CPU work (so the copy event is recorded), then make the consumer
+        stream wait on that event."""
+        value, event = join()
+        self.make_wait(consumer, event)
+        return value
+
     def make_wait(self, consumer: Any, event: Any) -> None:
-        """The consumer stream waits for the copy; call only after the CPU join (rule 1)."""
+        """The consumer stream waits for the copy event."""
         if self._ops is not None and event is not None:
             self._ops.stream_wait_event(consumer, event)

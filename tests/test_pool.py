@@ -1,0 +1,325 @@
+"""The matcher pool: DESIGN.md's step invariants, each as a test."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+from conftest import bundled_schema, ids_in_row
+from faults import faulty_compiler
+from hypothesis import given
+from hypothesis import strategies as st
+
+import grammarmask as gm
+
+NAMES = [
+    "person",
+    "invoice",
+    "function_call",
+    "service_config",
+    "matrix",
+    "meeting",
+    "product_review",
+]
+
+
+@pytest.fixture(scope="module")
+def compiler(deepseek: gm.Vocabulary) -> gm.GrammarCompiler:
+    return faulty_compiler(deepseek, compile_timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def cases(
+    deepseek_encode: Callable[[str], list[int]],
+) -> dict[str, tuple[gm.Grammar, list[int]]]:
+    """Each bundled schema with the real token ids of its first valid example."""
+    out = {}
+    for name in NAMES:
+        schema = bundled_schema(name)
+        text = json.dumps(schema["examples"][0], separators=(",", ":"), ensure_ascii=False)
+        out[name] = (gm.Grammar.json_schema(schema), deepseek_encode(text))
+    return out
+
+
+def _reference_row(
+    compiler: gm.GrammarCompiler, grammar: gm.Grammar, tokens: list[int], size: int
+) -> torch.Tensor | None:
+    """Mask after `tokens` from a fresh matcher (no rollback involved); None if refused."""
+    matcher = compiler.compile(grammar, "xgrammar").matcher()
+    if not all(matcher.accept(t) for t in tokens):
+        return None
+    row = torch.zeros(1, gm.words_per_row(size), dtype=torch.int32)
+    matcher.fill(row, 0)
+    return row[0]
+
+
+def _new_pool(
+    deepseek: gm.Vocabulary, compiler: gm.GrammarCompiler, workers: int = 2
+) -> gm.MatcherPool:
+    return gm.MatcherPool(deepseek, workers=workers, compiler=compiler, compile_timeout_s=1.0)
+
+
+def test_worked_example_layout(deepseek: gm.Vocabulary, compiler: gm.GrammarCompiler) -> None:
+    """Three requests with seqlen_q 6, 6, 4 own rows [0..5], [6..11], [12..15]."""
+    with _new_pool(deepseek, compiler) as pool:
+        for rid in "abc":
+            pool.add(rid, gm.Grammar.json())
+        drafts = [[9] * 5, [9] * 5, [9] * 3]
+        masks = pool.fill(list(zip("abc", drafts, strict=True)))
+    assert masks.row_to_request.tolist() == [0] * 6 + [1] * 6 + [2] * 4
+    assert masks.local_step.tolist() == [0, 1, 2, 3, 4, 5] * 2 + [0, 1, 2, 3]
+    verify = [True] * 5 + [False]
+    assert masks.is_verify.tolist() == verify * 2 + [True, True, True, False]
+    assert masks.bitmask.shape == (16, gm.words_per_row(deepseek.size))
+
+
+@given(data=st.data())
+def test_rows_follow_drafts_and_only_the_confirmed_prefix_persists(
+    data: st.DataObject,
+    deepseek: gm.Vocabulary,
+    compiler: gm.GrammarCompiler,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+) -> None:
+    """Invariants 1 and 2: row j = mask after prefix + drafts[:j]; the fill stops at the first
+    forbidden draft; don't-care rows are never all zero; the matcher is left as it was."""
+    name = data.draw(st.sampled_from(NAMES))
+    grammar, ids = cases[name]
+    committed = data.draw(st.integers(0, len(ids) - 1))
+    drafts = list(ids[committed : committed + data.draw(st.integers(0, 6))])
+    if drafts and data.draw(st.booleans()):
+        drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(
+            st.integers(0, deepseek.size - 1)
+        )
+    with _new_pool(deepseek, compiler) as pool:
+        pool.add("r", grammar)
+        assert pool.commit("r", ids[:committed]).status == "active"
+        masks = pool.fill([("r", drafts)])
+        expected_valid = 1
+        for j in range(len(drafts) + 1):
+            reference = _reference_row(
+                compiler, grammar, ids[:committed] + drafts[:j], deepseek.size
+            )
+            if reference is None:
+                break
+            assert torch.equal(masks.bitmask[j], reference), f"row {j}"
+            expected_valid = j + 1
+        assert masks.valid_rows == (expected_valid,)
+        for row in masks.bitmask[expected_valid:]:
+            assert ids_in_row(row, deepseek.size), "a don't-care row must never be all zero"
+        after = pool.fill([("r", [])])
+        assert torch.equal(
+            after.bitmask[0], _reference_row(compiler, grammar, ids[:committed], deepseek.size)
+        )
+
+
+@given(data=st.data())
+def test_masks_do_not_depend_on_workers_order_or_company(
+    data: st.DataObject,
+    deepseek: gm.Vocabulary,
+    compiler: gm.GrammarCompiler,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+) -> None:
+    """Invariant 3: bit-identical masks for any worker count, batch order and composition."""
+    chosen = data.draw(st.lists(st.sampled_from(NAMES), min_size=2, max_size=7))
+    plan = []
+    for index, name in enumerate(chosen):
+        grammar, ids = cases[name]
+        committed = data.draw(st.integers(0, len(ids) - 1))
+        drafts = ids[committed : committed + data.draw(st.integers(0, 5))]
+        plan.append((f"{name}-{index}", grammar, ids[:committed], drafts))
+
+    def run(order: list[int], workers: int, subset: list[int]) -> dict[str, torch.Tensor]:
+        with _new_pool(deepseek, compiler, workers) as pool:
+            for i in subset:
+                rid, grammar, prefix, _ = plan[i]
+                pool.add(rid, grammar)
+                pool.commit(rid, prefix)
+            batch = [(plan[i][0], plan[i][3]) for i in order if i in subset]
+            masks = pool.fill(batch)
+            return {
+                str(rid): masks.bitmask[list(rows)]
+                for rid, rows in zip(masks.request_ids, masks.rows, strict=True)
+            }
+
+    everyone = list(range(len(plan)))
+    baseline = run(everyone, 1, everyone)
+    shuffled = data.draw(st.permutations(everyone))
+    workers = data.draw(st.integers(2, 4))
+    subset = sorted(data.draw(st.lists(st.sampled_from(everyone), min_size=1, unique=True)))
+    for result in (run(shuffled, workers, everyone), run(shuffled, workers, subset)):
+        for rid, rows in result.items():
+            assert torch.equal(rows, baseline[rid]), rid
+
+
+def _stop_only(deepseek: gm.Vocabulary, row: torch.Tensor) -> bool:
+    return ids_in_row(row, deepseek.size) == set(deepseek.stop_token_ids)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_request_failing_changes_only_its_rows(
+    seed: int,
+    deepseek: gm.Vocabulary,
+    compiler: gm.GrammarCompiler,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+) -> None:
+    """Invariant 4, with faults injected into random requests of random batches."""
+    rng = random.Random(seed)
+    faults = [
+        "fill",
+        "accept",
+        "rollback",
+        "slow compile",
+        "bad grammar",
+        "illegal commit",
+        "draft out of range",
+        "unknown id",
+    ]
+    requests = []
+    for index in range(10):
+        name = rng.choice(NAMES)
+        fault = rng.choice(faults) if rng.random() < 0.4 else None
+        requests.append((f"r{index}", name, fault))
+    healthy = _new_pool(deepseek, compiler)
+    faulty = _new_pool(deepseek, compiler)
+    bad_grammar = gm.Grammar.json_schema(
+        {"type": "object", "properties": {"a": False}, "required": ["a"]}
+    )
+    for rid, name, fault in requests:
+        grammar = cases[name][0]
+        healthy.add(rid, grammar)
+        if fault in ("fill", "accept", "rollback", "slow compile"):
+            faulty.add(rid, grammar, backend=f"faulty-{fault}")
+        elif fault == "bad grammar":
+            faulty.add(rid, bad_grammar)
+        elif fault != "unknown id":
+            faulty.add(rid, grammar)
+    for step in range(4):
+        batch_healthy, batch_faulty = [], []
+        for rid, name, fault in requests:
+            ids = cases[name][1]
+            drafts = ids[step * 2 : step * 2 + 3]
+            batch_healthy.append((rid, drafts))
+            bad_drafts = (
+                [*drafts[:1], deepseek.size + 5] if fault == "draft out of range" else drafts
+            )
+            batch_faulty.append((rid, bad_drafts))
+        order = list(range(len(requests)))
+        rng.shuffle(order)
+        want = healthy.fill([batch_healthy[i] for i in order])
+        got = faulty.fill([batch_faulty[i] for i in order])
+        for position, i in enumerate(order):
+            rid, _, fault = requests[i]
+            rows_want = want.bitmask[list(want.rows[position])]
+            rows_got = got.bitmask[list(got.rows[position])]
+            state = faulty.state(rid)
+            if state.status == "active":
+                assert torch.equal(rows_got, rows_want), rid
+            else:
+                assert fault is not None and state.status == "failed", (rid, state)
+                assert all(_stop_only(deepseek, row) for row in rows_got), (rid, fault, state)
+        for rid, name, fault in requests:
+            ids = cases[name][1]
+            tokens = ids[step * 2 : step * 2 + 2]
+            healthy.commit(rid, tokens)
+            faulty.commit(rid, [deepseek.size - 1] if fault == "illegal commit" else tokens)
+    reasons = {
+        "fill": "injected fault in fill",
+        "accept": "injected fault in accept",
+        "rollback": "injected fault in rollback",
+        "slow compile": "did not finish within 1 s",
+        "bad grammar": "grammar error: xgrammar cannot compile",
+        "illegal commit": "is not allowed by the grammar after 0 tokens",
+        "draft out of range": f"draft token id {deepseek.size + 5} is outside the vocabulary",
+        "unknown id": "unknown request id",
+    }
+    for rid, _, fault in requests:
+        state = faulty.state(rid)
+        if fault is None:
+            assert state.status == "active", state
+        else:
+            assert state.status == "failed" and reasons[fault] in (state.reason or ""), (
+                fault,
+                state,
+            )
+    healthy.close()
+    faulty.close()
+
+
+def test_a_batch_without_grammar_does_nothing(deepseek: gm.Vocabulary) -> None:
+    """Invariant 6: no fill, no copy, no kernel."""
+    from simdevice import SimDevice
+
+    device = SimDevice(0)
+    with gm.MatcherPool(deepseek, device_ops=device) as pool:
+        future = pool.fill_async([(None, []), (None, [5, 6])])
+        assert future.done()  # nothing was queued for the workers
+        masks = future.wait()
+    device.close()
+    assert device.copies == 0
+    assert masks.grammar_rows.numel() == 0 and not masks.has_grammar.any()
+    logits = torch.randn(4, deepseek.size)
+    before = logits.clone()
+    gm.apply_bitmask(logits, masks)
+    assert torch.equal(logits, before)
+
+
+def test_lifecycle_states(
+    deepseek: gm.Vocabulary, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    with gm.MatcherPool(deepseek, workers=1) as pool:
+        state = pool.add("yes", gm.Grammar.choice(["yes", "no"]))
+        assert (state.status, state.backend) == ("active", "xgrammar")
+        with pytest.raises(gm.GrammarMaskError, match="'yes' is already in the pool"):
+            pool.add("yes", gm.Grammar.json())
+        state = pool.commit("yes", deepseek_encode("yes"))
+        assert (state.status, state.reason, state.committed) == ("finished", "grammar complete", 1)
+        masks = pool.fill([("yes", [])])
+        assert _stop_only(deepseek, masks.bitmask[0])
+        assert pool.commit("yes", [1]).status == "finished"  # a stop token after finishing
+        late = pool.commit("yes", deepseek_encode("no"))
+        assert late.status == "failed" and "after the request finished" in (late.reason or "")
+        pool.add("json", gm.Grammar.json())
+        state = pool.commit("json", [*deepseek_encode("[1]"), 1])
+        assert (state.status, state.reason) == ("finished", "stop token")
+        pool.remove("json")
+        assert pool.state("json").reason == "unknown request id 'json'"
+        assert pool.commit("ghost", [1]).status == "failed"
+
+
+def test_explicit_row_indices(deepseek: gm.Vocabulary) -> None:
+    with gm.MatcherPool(deepseek, workers=1) as pool:
+        pool.add("a", gm.Grammar.regex("[0-9]+"))
+        pool.add("b", gm.Grammar.choice(["x"]))
+        masks = pool.fill([("a", [15]), ("b", [])], row_indices=[[4, 1], [2]], num_rows=6)
+        assert masks.row_to_request.tolist() == [-1, 0, 1, -1, 0, -1]
+        assert masks.local_step.tolist() == [0, 1, 0, 0, 0, 0]
+        assert sorted(masks.grammar_rows.tolist()) == [1, 2, 4]
+        digits = {i for i, t in enumerate(deepseek.token_bytes) if t and t.isdigit()}
+        assert ids_in_row(masks.bitmask[4], deepseek.size) == digits
+
+
+@pytest.mark.parametrize(
+    ("batch", "kwargs", "message"),
+    [
+        ([("a", []), ("a", [])], {}, "'a' appears twice"),
+        ([("a", [1])], {"row_indices": [[0]]}, "needs 2 rows, got 1"),
+        ([("a", []), ("b", [])], {"row_indices": [[0], [0]]}, "claim the same logits row"),
+        ([("a", [])], {"row_indices": [[3]], "num_rows": 2}, r"must lie in \[0, 2\)"),
+        ([("a", [1, 2])], {"num_rows": 2}, "smaller than the 3 rows"),
+        ([("a", [0] * 9)], {}, "max_rows=8"),
+    ],
+)
+def test_inconsistent_batches_are_the_engines_error(
+    deepseek: gm.Vocabulary,
+    batch: list[tuple[str, list[int]]],
+    kwargs: dict[str, object],
+    message: str,
+) -> None:
+    with gm.MatcherPool(deepseek, workers=1, max_rows=8) as pool:
+        pool.add("a", gm.Grammar.json())
+        pool.add("b", gm.Grammar.json())
+        with pytest.raises(gm.BatchError, match=message):
+            pool.fill(batch, **kwargs)  # type: ignore[arg-type]
