@@ -43,9 +43,9 @@ def unpack_rows(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
     """Set forbidden tokens to -inf in the rows that have a grammar; other rows untouched."""
     _check(logits, masks)
-    rows = masks.grammar_rows
-    if rows.numel() == 0:
+    if masks.grammar_rows.numel() == 0:
         return
+    rows = masks.grammar_rows.to(logits.device, non_blocking=True)
     allowed = unpack_rows(masks.bitmask.index_select(0, rows), masks.vocab_size)
     selected = logits.index_select(0, rows)
     selected.masked_fill_(~allowed, float("-inf"))

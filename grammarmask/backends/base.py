@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -56,6 +56,22 @@ class Matcher(ABC):
     @abstractmethod
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed-next-token bits into `bitmask[row]` (int32, packed, CPU)."""
+
+    def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
+        """One step's rows: rows[0] after the current state, rows[j] after drafts[:j].
+
+        Stops at the first draft the grammar forbids, rolls the trial back, and returns how
+        many drafts were accepted; rows past that are left untouched.
+        """
+        self.fill(bitmask, rows[0])
+        accepted = 0
+        for draft in drafts:
+            if not self.accept(draft):
+                break
+            accepted += 1
+            self.fill(bitmask, rows[accepted])
+        self.rollback(accepted)
+        return accepted
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ class XGrammarMatcher(Matcher):
             compiled, override_stop_tokens=list(stop_token_ids), max_rollback_tokens=-1
         )
         self._stop_token_ids = stop_token_ids
+        self._stops = frozenset(stop_token_ids)
         self._filter = token_filter
 
     def accept(self, token_id: int) -> bool:
@@ -74,6 +76,35 @@ class XGrammarMatcher(Matcher):
         self._matcher.fill_next_token_bitmask(bitmask, row)
         if self._filter is not None:
             bitmask[row].bitwise_and_(self._filter.allowed)
+
+    def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
+        """The draft loop with one xgrammar call per token and one filter pass per request:
+        this loop is the pool's hot path."""
+        matcher = self._matcher
+        if matcher.is_terminated():
+            fill_stop_only(bitmask, rows[0], self._stop_token_ids)
+            return 0
+        banned = self._filter.banned if self._filter is not None else frozenset()
+        matcher.fill_next_token_bitmask(bitmask, rows[0])
+        accepted = 0
+        for draft in drafts:
+            if draft in banned or not matcher.accept_token(draft):
+                break
+            accepted += 1
+            if draft in self._stops:
+                fill_stop_only(bitmask, rows[accepted], self._stop_token_ids)
+            else:
+                matcher.fill_next_token_bitmask(bitmask, rows[accepted])
+        if accepted:
+            matcher.rollback(accepted)
+        if self._filter is not None:
+            filled = rows[: accepted + 1]
+            if filled[-1] - filled[0] == len(filled) - 1:
+                bitmask[filled[0] : filled[-1] + 1].bitwise_and_(self._filter.allowed)
+            else:
+                for row in filled:
+                    bitmask[row].bitwise_and_(self._filter.allowed)
+        return accepted
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
