@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 from conftest import allowed_ids
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from test_backends import BACKENDS, _dialect_difference
+from test_pool import check_draft_rows
 
 import grammarmask as gm
 
@@ -79,3 +82,52 @@ def test_backends_agree_on_corpus_instances(
             if not accepted[0]:
                 break  # both refuse (e.g. key order differs from the schema's): stop here
     assert completed >= 1, "no valid instance was walked to its end"
+
+
+@pytest.fixture(scope="module")
+def corpus_files(corpus_dir: Path) -> list[Path]:
+    return sorted(p for p in corpus_dir.glob("*.json") if p.stat().st_size < 20_000)
+
+
+@pytest.fixture(scope="module")
+def corpus_compiler(deepseek: gm.Vocabulary) -> gm.GrammarCompiler:
+    return gm.GrammarCompiler(deepseek)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_draft_rows_on_random_corpus_schemas(
+    data: st.DataObject,
+    corpus_files: list[Path],
+    corpus_compiler: gm.GrammarCompiler,
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    """DESIGN invariants 1 and 2 on random MaskBench schemas replaying their valid instances."""
+    compiler = corpus_compiler
+    entry = json.loads(data.draw(st.sampled_from(corpus_files)).read_text(encoding="utf-8"))
+    valid = [t["data"] for t in entry.get("tests", []) if t["valid"]]
+    assume(valid)
+    try:
+        grammar = gm.Grammar.json_schema(entry["schema"])
+        compiled = compiler.compile(grammar, "xgrammar", timeout_s=30)
+    except gm.GrammarError:
+        assume(False)
+        return
+    ids = deepseek_encode(json.dumps(valid[0], separators=(",", ":"), ensure_ascii=False))
+    matcher = compiled.matcher()
+    accepted = 0
+    while accepted < len(ids) and matcher.accept(ids[accepted]):
+        accepted += 1
+    assume(accepted > 1)
+    committed = data.draw(st.integers(0, accepted - 1))
+    drafts = ids[committed : committed + data.draw(st.integers(0, 6))]
+    if drafts and data.draw(st.booleans()):
+        drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(
+            st.integers(0, deepseek.size - 1)
+        )
+    check_draft_rows(deepseek, compiler, grammar, ids[:committed], drafts)

@@ -62,6 +62,33 @@ def _new_pool(
     return gm.MatcherPool(deepseek, workers=workers, compiler=compiler, compile_timeout_s=1.0)
 
 
+def check_draft_rows(
+    vocab: gm.Vocabulary,
+    compiler: gm.GrammarCompiler,
+    grammar: gm.Grammar,
+    prefix: list[int],
+    drafts: list[int],
+) -> None:
+    """Row j equals a fresh replay of prefix + drafts[:j]; the fill stops at the first
+    forbidden draft; don't-care rows are never all zero; the matcher is left as it was."""
+    with _new_pool(vocab, compiler) as pool:
+        pool.add("r", grammar)
+        assert pool.commit("r", prefix).status == "active"
+        masks = pool.fill([("r", drafts)])
+        expected_valid = 1
+        for j in range(len(drafts) + 1):
+            reference = _reference_row(compiler, grammar, prefix + drafts[:j], vocab.size)
+            if reference is None:
+                break
+            assert torch.equal(masks.bitmask[j], reference), f"row {j}"
+            expected_valid = j + 1
+        assert masks.valid_rows == (expected_valid,)
+        for row in masks.bitmask[expected_valid:]:
+            assert ids_in_row(row, vocab.size), "a don't-care row must never be all zero"
+        after = pool.fill([("r", [])])
+        assert torch.equal(after.bitmask[0], _reference_row(compiler, grammar, prefix, vocab.size))
+
+
 def test_worked_example_layout(deepseek: gm.Vocabulary, compiler: gm.GrammarCompiler) -> None:
     """Three requests with seqlen_q 6, 6, 4 own rows [0..5], [6..11], [12..15]."""
     with _new_pool(deepseek, compiler) as pool:
@@ -93,26 +120,7 @@ def test_rows_follow_drafts_and_only_the_confirmed_prefix_persists(
         drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(
             st.integers(0, deepseek.size - 1)
         )
-    with _new_pool(deepseek, compiler) as pool:
-        pool.add("r", grammar)
-        assert pool.commit("r", ids[:committed]).status == "active"
-        masks = pool.fill([("r", drafts)])
-        expected_valid = 1
-        for j in range(len(drafts) + 1):
-            reference = _reference_row(
-                compiler, grammar, ids[:committed] + drafts[:j], deepseek.size
-            )
-            if reference is None:
-                break
-            assert torch.equal(masks.bitmask[j], reference), f"row {j}"
-            expected_valid = j + 1
-        assert masks.valid_rows == (expected_valid,)
-        for row in masks.bitmask[expected_valid:]:
-            assert ids_in_row(row, deepseek.size), "a don't-care row must never be all zero"
-        after = pool.fill([("r", [])])
-        assert torch.equal(
-            after.bitmask[0], _reference_row(compiler, grammar, ids[:committed], deepseek.size)
-        )
+    check_draft_rows(deepseek, compiler, grammar, ids[:committed], drafts)
 
 
 @given(data=st.data())
@@ -323,3 +331,25 @@ def test_inconsistent_batches_are_the_engines_error(
         pool.add("b", gm.Grammar.json())
         with pytest.raises(gm.BatchError, match=message):
             pool.fill(batch, **kwargs)  # type: ignore[arg-type]
+
+
+def test_outlines_requests_follow_the_same_protocol(
+    qwen: gm.Vocabulary,
+) -> None:
+    """The generic draft loop (outlines-core) gives the same rows as fresh replays."""
+    compiler = gm.GrammarCompiler(qwen)
+    grammar = gm.Grammar.choice(["north", "northeast", "south"])
+    table = {t: i for i, t in enumerate(qwen.token_bytes) if len(t) == 1}
+    drafts = [table[c] for c in (b"n", b"o", b"r", b"x", b"h")]
+    with gm.MatcherPool(qwen, backend="outlines", workers=1, compiler=compiler) as pool:
+        pool.add("r", grammar)
+        masks = pool.fill([("r", drafts)])
+        assert masks.valid_rows == (4,)  # "x" is forbidden after "nor"
+        for j in range(4):
+            matcher = compiler.compile(grammar, "outlines").matcher()
+            assert all(matcher.accept(t) for t in drafts[:j])
+            row = torch.zeros(1, gm.words_per_row(qwen.size), dtype=torch.int32)
+            matcher.fill(row, 0)
+            assert torch.equal(masks.bitmask[j], row[0])
+        assert torch.equal(masks.bitmask[4], masks.bitmask[3])  # don't care: a copy, not zeros
+        assert pool.state("r").backend == "outlines"
