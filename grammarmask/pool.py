@@ -188,14 +188,7 @@ class MatcherPool:
         with self._lock:
             request = self._requests.get(request_id)
             if request is None:
-                request = _Request(
-                    request_id,
-                    None,
-                    None,
-                    0.0,
-                    "failed",
-                    f"unknown request id {request_id!r}: add() it before its first step",
-                )
+                request = _Request(request_id, None, None, 0.0)
                 self._requests[request_id] = request
             return request
 
@@ -205,7 +198,11 @@ class MatcherPool:
             return None
         if request.matcher is not None:
             return request.matcher
-        assert request.compiled is not None
+        if request.compiled is None:
+            request.fail(
+                f"unknown request id {request.request_id!r}: add() it before its first step"
+            )
+            return None
         try:
             compiled = request.compiled.result(
                 timeout=max(0.0, request.deadline - time.monotonic())

@@ -15,7 +15,7 @@ from conftest import allowed_ids
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_backends import BACKENDS, _dialect_difference
-from test_pool import check_draft_rows
+from test_pool import check_draft_rows, draw_step
 
 import grammarmask as gm
 
@@ -124,10 +124,5 @@ def test_draft_rows_on_random_corpus_schemas(
     while accepted < len(ids) and matcher.accept(ids[accepted]):
         accepted += 1
     assume(accepted > 1)
-    committed = data.draw(st.integers(0, accepted - 1))
-    drafts = ids[committed : committed + data.draw(st.integers(0, 6))]
-    if drafts and data.draw(st.booleans()):
-        drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(
-            st.integers(0, deepseek.size - 1)
-        )
+    committed, drafts = draw_step(data, ids, accepted, deepseek.size)
     check_draft_rows(deepseek, compiler, grammar, ids[:committed], drafts)

@@ -62,6 +62,20 @@ def _new_pool(
     return gm.MatcherPool(deepseek, workers=workers, compiler=compiler, compile_timeout_s=1.0)
 
 
+def draw_step(
+    data: st.DataObject, ids: list[int], accepted: int, vocab_size: int
+) -> tuple[int, list[int]]:
+    """A committed prefix of a valid instance and up to 6 drafts that follow it, one of them
+    sometimes replaced by a random token id."""
+    committed = data.draw(st.integers(0, accepted - 1))
+    drafts = list(ids[committed : committed + data.draw(st.integers(0, 6))])
+    if drafts and data.draw(st.booleans()):
+        drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(
+            st.integers(0, vocab_size - 1)
+        )
+    return committed, drafts
+
+
 def check_draft_rows(
     vocab: gm.Vocabulary,
     compiler: gm.GrammarCompiler,
@@ -114,12 +128,7 @@ def test_rows_follow_drafts_and_only_the_confirmed_prefix_persists(
     forbidden draft; don't-care rows are never all zero; the matcher is left as it was."""
     name = data.draw(st.sampled_from(NAMES))
     grammar, ids = cases[name]
-    committed = data.draw(st.integers(0, len(ids) - 1))
-    drafts = list(ids[committed : committed + data.draw(st.integers(0, 6))])
-    if drafts and data.draw(st.booleans()):
-        drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(
-            st.integers(0, deepseek.size - 1)
-        )
+    committed, drafts = draw_step(data, ids, len(ids), deepseek.size)
     check_draft_rows(deepseek, compiler, grammar, ids[:committed], drafts)
 
 
@@ -295,6 +304,10 @@ def test_lifecycle_states(
         pool.remove("json")
         assert pool.state("json").reason == "unknown request id 'json'"
         assert pool.commit("ghost", [1]).status == "failed"
+        masks = pool.fill([("ghost", [])])
+        assert "add() it before its first step" in masks.failures["ghost"]
+        assert _stop_only(deepseek, masks.bitmask[0])
+        assert pool.fill([("ghost", [])]).failures == {}  # reported once, on the step it failed
 
 
 def test_explicit_row_indices(deepseek: gm.Vocabulary) -> None:
