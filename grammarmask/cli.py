@@ -1,4 +1,5 @@
-"""Command line: `grammarmask check` compiles a schema on every installed backend."""
+"""Command line: `grammarmask demo` (the real model, with and without masks), `generate`,
+and `check` (what each backend enforces of a schema)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--timeout", type=float, default=120.0, help="compile timeout in seconds")
     check.set_defaults(run=cmd_check)
+
+    demo = commands.add_parser(
+        "demo",
+        help="SmolLM2-135M-Instruct answers for each bundled schema, with and without masks",
+    )
+    demo.add_argument("--schema", action="append", help="only these bundled schema names")
+    demo.add_argument("--drafts", type=int, default=3, help="prompt-lookup drafts per step")
+    demo.add_argument("--max-tokens", type=int, default=200)
+    demo.set_defaults(run=cmd_demo)
+
+    generate = commands.add_parser("generate", help="one constrained answer from the real model")
+    generate.add_argument("--schema", required=True, help="JSON Schema file")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+    generate.add_argument("--max-tokens", type=int, default=256)
+    generate.set_defaults(run=cmd_generate)
     return parser
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    failures = run_demo(
+        bundled_schema_path(DEFAULT_SCHEMA).parent,
+        names=args.schema or (),
+        num_drafts=args.drafts,
+        max_new_tokens=args.max_tokens,
+    )
+    return 1 if failures else 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .demo import run_generate
+
+    path = Path(args.schema)
+    try:
+        Grammar.json_schema(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        print(f"error: cannot read schema {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except GrammarError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 1
+    return run_generate(path, args.prompt, stream=args.stream, max_new_tokens=args.max_tokens)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ layout) raise.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -260,6 +261,7 @@ class MatcherPool:
     def _run_step(
         self, plan: StepPlan, requests: list[_Request | None], consumer: Any
     ) -> tuple[StepMasks, Any]:
+        started = time.perf_counter()
         slot, host = self._transfer.acquire()
         entries = [i for i, r in enumerate(requests) if r is not None]
         valid = [0] * len(requests)
@@ -285,7 +287,8 @@ class MatcherPool:
             helper.result()
         bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
         grammar_rows = [row for i in entries for row in plan.rows[i]]
-        return self._masks(plan, bitmask, grammar_rows, tuple(valid), failures), event
+        masks = self._masks(plan, bitmask, grammar_rows, tuple(valid), failures)
+        return dataclasses.replace(masks, fill_seconds=time.perf_counter() - started), event
 
     def _masks(
         self,

@@ -113,6 +113,8 @@ class StepMasks:
     vocab_size: int
     step: int
     failures: dict[RequestId, str] = field(default_factory=dict)
+    fill_seconds: float = 0.0
+    """CPU time the fill of this step took (on the worker threads, overlapped)."""
 
     @property
     def num_rows(self) -> int:

@@ -1,0 +1,1 @@
+"""Ways to plug grammarmask into an engine: a reference engine loop, Hugging Face transformers."""
