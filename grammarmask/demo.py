@@ -112,17 +112,12 @@ def run_demo(
                 continue
             prompt = chat_prompt(tokenizer, case)
             params = SamplingParams(temperature=0)
-            constrained, free = engine.run(
-                [
-                    GenerationRequest(
-                        f"{case.name}-json",
-                        prompt,
-                        Grammar.json_schema(case.schema),
-                        params,
-                        max_new_tokens,
-                    ),
-                    GenerationRequest(f"{case.name}-free", prompt, None, params, contrast_tokens),
-                ]
+            grammar = Grammar.json_schema(case.schema)
+            (constrained,) = engine.run(
+                [GenerationRequest(f"{case.name}-json", prompt, grammar, params, max_new_tokens)]
+            )
+            (free,) = engine.run(
+                [GenerationRequest(f"{case.name}-free", prompt, None, params, contrast_tokens)]
             )
             verdict = validate(constrained.text, case.schema)
             failures += verdict != "valid"
