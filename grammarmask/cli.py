@@ -125,7 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--schema", action="append", help="only these bundled schema names")
     demo.add_argument("--drafts", type=int, default=3, help="prompt-lookup drafts per step")
-    demo.add_argument("--max-tokens", type=int, default=200)
+    demo.add_argument("--max-tokens", type=int, default=300)
+    demo.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.2,
+        help="against the loops of greedy decoding on a small model (default: 1.2)",
+    )
     demo.set_defaults(run=cmd_demo)
 
     generate = commands.add_parser("generate", help="one constrained answer from the real model")
@@ -145,6 +151,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         names=args.schema or (),
         num_drafts=args.drafts,
         max_new_tokens=args.max_tokens,
+        repetition_penalty=args.repetition_penalty,
     )
     return 1 if failures else 0
 

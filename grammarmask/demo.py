@@ -92,6 +92,7 @@ def run_demo(
     num_drafts: int = 3,
     max_new_tokens: int = 200,
     contrast_tokens: int = 80,
+    repetition_penalty: float = 1.0,
     out: Any = sys.stdout,
 ) -> int:
     """Constrained and unconstrained answers for each bundled schema; returns the number of
@@ -111,7 +112,7 @@ def run_demo(
             if names and case.name not in names:
                 continue
             prompt = chat_prompt(tokenizer, case)
-            params = SamplingParams(temperature=0)
+            params = SamplingParams(temperature=0, repetition_penalty=repetition_penalty)
             grammar = Grammar.json_schema(case.schema)
             (constrained,) = engine.run(
                 [GenerationRequest(f"{case.name}-json", prompt, grammar, params, max_new_tokens)]
