@@ -125,12 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--schema", action="append", help="only these bundled schema names")
     demo.add_argument("--drafts", type=int, default=3, help="prompt-lookup drafts per step")
-    demo.add_argument("--max-tokens", type=int, default=300)
+    demo.add_argument("--max-tokens", type=int, default=400)
     demo.add_argument(
         "--repetition-penalty",
         type=float,
-        default=1.2,
-        help="against the loops of greedy decoding on a small model (default: 1.2)",
+        default=1.0,
+        help="above 1 fights greedy loops, but also penalizes repeated JSON punctuation",
     )
     demo.set_defaults(run=cmd_demo)
 

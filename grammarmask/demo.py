@@ -57,7 +57,11 @@ def chat_prompt(tokenizer: Any, case: DemoCase) -> list[int]:
     properties = ", ".join(case.schema.get("properties", {})) or "see the schema"
     messages = [
         {"role": "system", "content": "You answer with one JSON object and nothing else."},
-        {"role": "user", "content": f"{case.prompt} Fields: {properties}."},
+        {
+            "role": "user",
+            "content": f"{case.prompt}\nFields: {properties}.\nJSON Schema: "
+            f"{json.dumps(case.schema.get('properties', {}), separators=(',', ':'))}",
+        },
     ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
