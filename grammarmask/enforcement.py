@@ -108,6 +108,14 @@ def required_outside_properties(node: dict[str, Any], pointer: str) -> Iterable[
             )
 
 
+def length_beside_pattern_or_format(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar 0.2.9 drops minLength/maxLength next to pattern or format (a warning only)."""
+    if "pattern" in node or "format" in node:
+        for keyword in ("minLength", "maxLength"):
+            if keyword in node:
+                yield Unenforced(pointer, keyword, "ignored when combined with pattern or format")
+
+
 _COMMON = frozenset(
     {
         "type", "enum", "const", "minLength", "maxLength", "pattern", "items", "prefixItems",
@@ -121,7 +129,7 @@ XGRAMMAR_SUPPORT = KeywordSupport(
     enforced=_COMMON
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
     formats=_COMMON_FORMATS | {"ipv4", "hostname", "time"},
-    rules=(required_outside_properties,),
+    rules=(required_outside_properties, length_beside_pattern_or_format),
     format_notes=(
         ("date", "is approximated: any day 01-31 passes in every month"),
         ("date-time", "is approximated: any day 01-31 passes in every month"),
