@@ -72,3 +72,42 @@ def test_check_when_no_backend_can_compile(
     path = _write(tmp_path, {"type": "object", "properties": {"a": False}, "required": ["a"]})
     assert main(["check", path, "--backend", "xgrammar"]) == 3
     assert "xgrammar cannot compile" in capsys.readouterr().out
+
+
+def test_demo_on_one_bundled_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """The main job on the real model, for one schema: the constrained answer validates."""
+    assert main(["demo", "--schema", "function_call"]) == 0
+    out = capsys.readouterr().out
+    assert "=== function_call" in out
+    answer = next(line for line in out.splitlines() if line.startswith("with grammarmask:"))
+    json.loads(answer.split(":", 1)[1])
+    assert "-> valid;" in out
+    assert "0 constrained answer(s) failed validation" in out
+
+
+def test_generate_streams_a_valid_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    path = _write(tmp_path, schema)
+    assert (
+        main(
+            [
+                "generate",
+                "--schema",
+                path,
+                "--prompt",
+                "Which city is the capital of France?",
+                "--stream",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip())["city"]
+    assert "-> valid;" in captured.err
