@@ -40,13 +40,69 @@ def unpack_rows(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
+def _bit_positions(
+    words: torch.Tensor, interesting: torch.Tensor, bit: int, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token) of every bit equal to `bit` inside the words flagged `interesting`;
+    only those words are unpacked."""
+    row, word = interesting.nonzero(as_tuple=True)
+    shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+    bits = (words[row, word].unsqueeze(1) >> shifts) & 1
+    hit, offset = (bits == bit).nonzero(as_tuple=True)
+    token = word[hit] * 32 + offset
+    inside = token < vocab_size
+    return row[hit][inside], token[inside]
+
+
+_FORBIDDEN_BITS = (((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1) == 0).to(torch.uint8)
+"""Row b: for byte value b, 1 where bit i is clear (token forbidden)."""
+_CHUNK_ROWS = 32
+
+
+def _apply_unpacked(
+    logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, vocab: int
+) -> None:
+    """Rows with no short list either way: unpack bytes through a lookup table, in chunks."""
+    table = _FORBIDDEN_BITS.to(logits.device)
+    for start in range(0, rows.numel(), _CHUNK_ROWS):
+        chunk = rows[start : start + _CHUNK_ROWS]
+        packed = words[start : start + _CHUNK_ROWS].contiguous().view(torch.uint8).long()
+        bits = torch.nn.functional.embedding(packed, table).reshape(chunk.numel(), -1)
+        forbidden = bits[:, :vocab].contiguous().bool()
+        selected = logits.index_select(0, chunk)
+        selected.masked_fill_(forbidden, float("-inf"))
+        logits.index_copy_(0, chunk, selected)
+
+
 def apply_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
-    """Set forbidden tokens to -inf in the rows that have a grammar; other rows untouched."""
+    """Set forbidden tokens to -inf in the rows that have a grammar; other rows untouched.
+
+    Never unpacks more than it must. A row that allows almost everything (inside a string)
+    gets -inf at its few forbidden tokens, found from its few non-full words; a row that
+    forbids almost everything (a structural position) is filled with -inf and its few
+    allowed logits restored, found from its few non-zero words; only rows with neither short
+    list are unpacked whole, through a byte lookup table.
+    """
     _check(logits, masks)
     if masks.grammar_rows.numel() == 0:
         return
     rows = masks.grammar_rows.to(logits.device, non_blocking=True)
-    allowed = unpack_rows(masks.bitmask.index_select(0, rows), masks.vocab_size)
-    selected = logits.index_select(0, rows)
-    selected.masked_fill_(~allowed, float("-inf"))
-    logits.index_copy_(0, rows, selected)
+    words = masks.bitmask.index_select(0, rows)
+    vocab_size = masks.vocab_size
+    short = words.shape[1] // 8
+    not_full, not_zero = words != -1, words != 0
+    sparse = not_full.sum(dim=1) <= short
+    dense = ~sparse & (not_zero.sum(dim=1) <= short)
+    mixed = ~sparse & ~dense
+    if sparse.any():
+        row, token = _bit_positions(words[sparse], not_full[sparse], 0, vocab_size)
+        minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+        logits.index_put_((rows[sparse][row], token), minus_inf)
+    if dense.any():
+        dense_rows = rows[dense]
+        row, token = _bit_positions(words[dense], not_zero[dense], 1, vocab_size)
+        kept = logits[dense_rows[row], token]
+        logits.index_fill_(0, dense_rows, float("-inf"))
+        logits.index_put_((dense_rows[row], token), kept)
+    if mixed.any():
+        _apply_unpacked(logits, rows[mixed], words[mixed], vocab_size)

@@ -97,3 +97,40 @@ def test_masked_rows_never_become_nan_after_softmax(deepseek: gm.Vocabulary) -> 
     logits = torch.randn(5, deepseek.size)
     gm.apply_bitmask(logits, masks)
     assert not torch.isnan(torch.softmax(logits, dim=-1)).any()
+
+
+def _structured_row(kind: str, words: int, generator: torch.Generator) -> torch.Tensor:
+    """Rows like real masks: all allowed, none, almost all (inside a string), almost none
+    (a structural position), or random bits."""
+    if kind == "random":
+        return torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, generator=generator)
+    row = torch.full((words,), -1 if kind in ("all", "most") else 0, dtype=torch.int32)
+    if kind in ("most", "few"):
+        for _ in range(3):
+            word = int(torch.randint(0, words, (1,), generator=generator))
+            bit = int(torch.randint(0, 31, (1,), generator=generator))
+            row[word] = row[word] ^ (1 << bit)
+    return row
+
+
+@given(
+    kinds=st.lists(
+        st.sampled_from(["all", "none", "most", "few", "random"]), min_size=1, max_size=6
+    ),
+    vocab=st.integers(260, 2100),
+    seed=st.integers(0, 2**31),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+)
+def test_every_kernel_path_matches_reference(
+    kinds: list[str], vocab: int, seed: int, dtype: torch.dtype
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    words = gm.words_per_row(vocab)
+    bitmask = torch.stack([_structured_row(kind, words, generator) for kind in kinds])
+    rows = len(kinds)
+    logits = torch.randn(rows + 1, vocab, generator=generator).to(dtype)
+    grammar_rows = list(range(1, rows + 1))  # row 0 has no grammar
+    full_mask = torch.cat([torch.zeros(1, words, dtype=torch.int32), bitmask])
+    expected = _reference(logits, full_mask, grammar_rows)
+    gm.apply_bitmask(logits, _masks(full_mask, grammar_rows, vocab))
+    assert torch.equal(logits, expected)
