@@ -23,7 +23,7 @@ import torch
 import xgrammar
 
 import grammarmask as gm
-from grammarmask.known_vocabs import KNOWN_VOCABULARIES, load_vocabulary, package_dir
+from grammarmask.known_vocabs import load_vocabulary, package_dir
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "maskbench"
 
@@ -78,7 +78,6 @@ def main() -> None:
     args = parser.parse_args()
     if not args.corpus.is_dir():
         raise SystemExit(f"corpus not found at {args.corpus}; pass --corpus DIR")
-    assert "deepseek" in KNOWN_VOCABULARIES
     vocab = load_vocabulary("deepseek")
     rng = random.Random(args.seed)
     compiler = gm.GrammarCompiler(vocab)

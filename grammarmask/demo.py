@@ -89,6 +89,16 @@ def _describe(result: GenerationResult) -> str:
     )
 
 
+def _load_model() -> tuple[Any, Any, Vocabulary]:
+    """SmolLM2 with its tokenizer and the vocabulary at the model's logits width."""
+    model, tokenizer = load_smollm2()
+    return (
+        model,
+        tokenizer,
+        Vocabulary.from_transformers(tokenizer, logits_width=model.config.vocab_size),
+    )
+
+
 def run_demo(
     schema_dir: Path,
     *,
@@ -102,8 +112,7 @@ def run_demo(
     """Constrained and unconstrained answers for each bundled schema; returns the number of
     constrained answers that do not validate."""
     started = time.perf_counter()
-    model, tokenizer = load_smollm2()
-    vocab = Vocabulary.from_transformers(tokenizer, logits_width=model.config.vocab_size)
+    model, tokenizer, vocab = _load_model()
     print(
         f"model SmolLM2-135M-Instruct loaded in {time.perf_counter() - started:.1f} s; {vocab}",
         file=out,
@@ -137,8 +146,7 @@ def run_demo(
 
 
 def run_generate(schema_path: Path, prompt_text: str, *, stream: bool, max_new_tokens: int) -> int:
-    model, tokenizer = load_smollm2()
-    vocab = Vocabulary.from_transformers(tokenizer, logits_width=model.config.vocab_size)
+    model, tokenizer, vocab = _load_model()
     schema = json.loads(schema_path.read_text(encoding="utf-8"))
     case = DemoCase(schema_path.stem, schema, prompt_text)
     with MatcherPool(vocab, workers=1) as pool:

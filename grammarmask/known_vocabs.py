@@ -20,7 +20,8 @@ def package_dir(module: str, install_hint: str = "") -> Path:
     """Folder of an installed package, found without importing it."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise VocabularyError(f"the {module} package is not installed; {install_hint}".rstrip("; "))
+        hint = f"; {install_hint}" if install_hint else ""
+        raise VocabularyError(f"the {module} package is not installed{hint}")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import grammarmask as gm
-from grammarmask.known_vocabs import load_smollm2_tokenizer, load_vocabulary
+from grammarmask.known_vocabs import load_smollm2_tokenizer, load_vocabulary, package_dir
 
 settings.register_profile(
     "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -28,14 +28,6 @@ CORPUS = Path(os.environ.get("GRAMMARMASK_CORPUS", ROOT.parent / "shared" / "cor
 
 def bundled_schema(name: str) -> dict[str, Any]:
     return json.loads((SCHEMAS / f"{name}.json").read_text(encoding="utf-8"))
-
-
-def package_dir(module: str) -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import allowed_ids, package_dir
+from conftest import allowed_ids
 
 import grammarmask as gm
+from grammarmask.known_vocabs import package_dir
 
 
 def _assert_matches_decoder(vocab: gm.Vocabulary, decode_one: Any) -> int:
