@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
     generate.add_argument("--max-tokens", type=int, default=256)
     generate.set_defaults(run=cmd_generate)
+
+    from .bench.runner import add_parser as add_bench_parser
+
+    add_bench_parser(commands)
     return parser
 
 

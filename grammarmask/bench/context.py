@@ -1,0 +1,93 @@
+"""What the scenarios of one run share: options, the progress bar, loaded vocabularies,
+compilers and picked instances (loaded once, whatever the number of scenarios using them)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ..compiler import GrammarCompiler
+from ..known_vocabs import load_vocabulary
+from ..vocabulary import Vocabulary
+from .report import Row
+from .workload import Instance, encoder, pick_instances
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """`size` is "tiny" (smoke tests), "quick" (the default, minutes) or "full" (the grid)."""
+
+    size: str = "quick"
+    repeats: int = 20
+    corpus: Path | None = None
+    device: str = "cpu"
+    seed: int = 0
+
+    def pick(self, tiny: Any, quick: Any, full: Any) -> Any:
+        """The value of a knob for this run's size."""
+        return {"tiny": tiny, "quick": quick, "full": full}[self.size]
+
+
+@dataclass
+class Outcome:
+    """What a scenario returns: its rows, and timeline spans (step, lane, start s, end s)
+    for the scenarios that draw one."""
+
+    rows: list[Row]
+    timeline: list[tuple[int, str, float, float]] = field(default_factory=list)
+
+
+class Bench:
+    """One run's shared state."""
+
+    def __init__(self, config: BenchConfig, *, progress: bool = True) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self._bar = tqdm(total=0, unit="step", file=sys.stderr, disable=not progress)
+        self._vocabs: dict[str, Vocabulary] = {}
+        self._compilers: dict[str, GrammarCompiler] = {}
+        self._instances: dict[str, list[Instance]] = {}
+
+    def plan(self, ticks: int, what: str) -> None:
+        """Announce `ticks` more units of work, labelled `what`."""
+        self._bar.set_description(what)
+        self._bar.total = (self._bar.total or 0) + ticks
+        self._bar.refresh()
+
+    def tick(self) -> None:
+        self._bar.update(1)
+
+    def vocab(self, name: str) -> Vocabulary:
+        if name not in self._vocabs:
+            self._vocabs[name] = load_vocabulary(name)
+        return self._vocabs[name]
+
+    def compiler(self, name: str) -> GrammarCompiler:
+        if name not in self._compilers:
+            self._compilers[name] = GrammarCompiler(self.vocab(name), timeout_s=60)
+        return self._compilers[name]
+
+    def instances(self, name: str, count: int) -> list[Instance]:
+        """`count` corpus schemas (bundled ones without a corpus) with a valid instance."""
+        have = self._instances.get(name, [])
+        if len(have) < count:
+            self._bar.set_description(f"compiling {count} schemas for {name}")
+            have = pick_instances(
+                self.config.corpus,
+                count,
+                self.compiler(name),
+                encoder(name),
+                random.Random(self.config.seed),
+            )
+            self._instances[name] = have
+        return have[:count]
+
+    def close(self) -> None:
+        self._bar.close()
+        for compiler in self._compilers.values():
+            compiler.close()

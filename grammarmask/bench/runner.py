@@ -1,0 +1,141 @@
+"""`grammarmask bench`: run scenarios by name, print the ratio table, write JSON and plots."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from .context import Bench, BenchConfig, Outcome
+from .fill import run_fill, run_isolation
+from .report import Row, table, write_json
+
+SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
+    "fill": run_fill,
+    "isolation": run_isolation,
+}
+"""Every scenario, in the order a plain `grammarmask bench` runs them."""
+
+
+def default_corpus() -> Path | None:
+    """$GRAMMARMASK_CORPUS, else ../shared/corpus/maskbench from here if it exists; None
+    means the bundled schemas."""
+    env = os.environ.get("GRAMMARMASK_CORPUS")
+    if env:
+        return Path(env)
+    here = Path("..") / "shared" / "corpus" / "maskbench"
+    return here if here.is_dir() else None
+
+
+def machine() -> str:
+    """The machine, in words, for the JSON and the README."""
+    cpus = os.cpu_count() or 0
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()} {cpus}-core CPU, {gpu}, torch {torch.__version__}"
+
+
+def run_bench(
+    names: Sequence[str],
+    config: BenchConfig,
+    *,
+    progress: bool = True,
+) -> tuple[list[Row], dict[str, Outcome]]:
+    """Run the named scenarios in order; returns all rows and each scenario's outcome."""
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(
+            f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}"
+        )
+    bench = Bench(config, progress=progress)
+    outcomes: dict[str, Outcome] = {}
+    try:
+        for name in names:
+            outcomes[name] = SCENARIOS[name](bench)
+    finally:
+        bench.close()
+    return [row for o in outcomes.values() for row in o.rows], outcomes
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The `bench` subcommand."""
+    bench = commands.add_parser(
+        "bench",
+        help="performance scenarios, each figure a ratio against a baseline of the same run",
+    )
+    bench.add_argument(
+        "scenario", nargs="*", help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}"
+    )
+    bench.add_argument("--full", action="store_true", help="the whole grid (default: quick)")
+    bench.add_argument("--repeats", type=int, help="timed repeats per point (default 20, full 40)")
+    bench.add_argument(
+        "--corpus",
+        type=Path,
+        help="MaskBench folder (default: $GRAMMARMASK_CORPUS or ../shared/corpus/maskbench)",
+    )
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
+    bench.add_argument(
+        "--plot", type=Path, metavar="DIR", help="write PNG charts (needs matplotlib)"
+    )
+    bench.add_argument("--strict", action="store_true", help="exit 1 when a target is not met")
+    bench.set_defaults(run=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Exit codes: 0 ran (with --strict: and every target met), 1 a target missed under
+    --strict, 2 bad arguments or a missing input."""
+    names = args.scenario or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(
+            f"error: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}",
+            file=sys.stderr,
+        )
+        return 2
+    corpus = args.corpus if args.corpus is not None else default_corpus()
+    if corpus is not None and not corpus.is_dir():
+        print(f"error: corpus folder {corpus} does not exist", file=sys.stderr)
+        return 2
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "error: --plot needs matplotlib: pip install 'grammarmask[plot]'", file=sys.stderr
+            )
+            return 2
+    size = "full" if args.full else "quick"
+    repeats = args.repeats or (40 if args.full else 20)
+    if repeats < 1:
+        print(f"error: --repeats must be at least 1, not {repeats}", file=sys.stderr)
+        return 2
+    config = BenchConfig(size, repeats, corpus, args.device, args.seed)
+    print(f"corpus: {corpus or 'bundled schemas'}; {machine()}", file=sys.stderr)
+    started = time.perf_counter()
+    rows, outcomes = run_bench(names, config)
+    print(table(rows))
+    meta = {
+        "machine": machine(),
+        "command": " ".join(["grammarmask", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else "",
+        "size": size,
+        "repeats": repeats,
+        "corpus": str(corpus) if corpus else None,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if args.json is not None:
+        write_json(args.json, rows, meta)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        from .plots import write_plots
+
+        for path in write_plots(rows, outcomes, args.plot):
+            print(f"wrote {path}", file=sys.stderr)
+    missed = [r for r in rows if r.met is False]
+    return 1 if args.strict and missed else 0
