@@ -75,7 +75,7 @@ class Bench:
     def instances(self, name: str, count: int) -> list[Instance]:
         """`count` corpus schemas (bundled ones without a corpus) with a valid instance."""
         have = self._instances.get(name, [])
-        if len(have) < count:
+        if not have or (len(have) < count and self.config.corpus is not None):
             self._bar.set_description(f"compiling {count} schemas for {name}")
             have = pick_instances(
                 self.config.corpus,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .apply import run_apply
 from .context import Bench, BenchConfig, Outcome
 from .fill import run_fill, run_isolation
 from .report import Row, table, write_json
@@ -19,6 +20,7 @@ from .report import Row, table, write_json
 SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
     "fill": run_fill,
     "isolation": run_isolation,
+    "apply": run_apply,
 }
 """Every scenario, in the order a plain `grammarmask bench` runs them."""
 
