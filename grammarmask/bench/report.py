@@ -29,11 +29,15 @@ def interleave(
     repeats: int,
     rng: random.Random,
     tick: Callable[[], None] = lambda: None,
+    setup: Mapping[str, Callable[[], object]] | None = None,
 ) -> dict[str, list[float]]:
-    """Seconds per call of each run, `repeats` times, in a fresh random order each repeat."""
+    """Seconds per call of each run, `repeats` times, in a fresh random order each repeat;
+    `setup[name]`, if any, runs untimed right before each call of `name`."""
     timings: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name in rng.sample(list(runs), len(runs)):
+            if setup and name in setup:
+                setup[name]()
             started = time.perf_counter()
             runs[name]()
             timings[name].append(time.perf_counter() - started)
@@ -153,7 +157,8 @@ def table(rows: Sequence[Row]) -> str:
                 met,
             ]
         )
-    widths = [max(len(line[i]) for line in lines if len(line) > i) for i in range(len(header) + 2)]
+    full = [line for line in lines if len(line) == len(header) + 2]
+    widths = [max(len(line[i]) for line in full) for i in range(len(header) + 2)]
     out = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines
     ]

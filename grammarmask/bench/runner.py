@@ -13,14 +13,18 @@ from pathlib import Path
 import torch
 
 from .apply import run_apply
+from .compile import run_compile
 from .context import Bench, BenchConfig, Outcome
 from .fill import run_fill, run_isolation
+from .overlap import run_overlap
 from .report import Row, table, write_json
 
 SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
     "fill": run_fill,
     "isolation": run_isolation,
     "apply": run_apply,
+    "overlap": run_overlap,
+    "compile": run_compile,
 }
 """Every scenario, in the order a plain `grammarmask bench` runs them."""
 

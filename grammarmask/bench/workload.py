@@ -61,7 +61,7 @@ class Replay:
     drafts: tuple[int, ...]
 
 
-def _candidates(corpus: Path | None, rng: random.Random) -> Iterator[tuple[dict[str, Any], str]]:
+def candidates(corpus: Path | None, rng: random.Random) -> Iterator[tuple[dict[str, Any], str]]:
     """(schema, compact instance text): MaskBench files in random order, or with no corpus
     the bundled schemas and their `examples`."""
     if corpus is None:
@@ -96,9 +96,9 @@ def pick_instances(
     its turn came is skipped."""
     chosen: list[Instance] = []
     pending: list[tuple[Future[CompiledGrammar], str]] = []
-    candidates = _candidates(corpus, rng)
+    pool = candidates(corpus, rng)
     while len(chosen) < count:
-        for schema, text in candidates:
+        for schema, text in pool:
             try:
                 grammar = Grammar.json_schema(schema)
             except GrammarMaskError:
