@@ -25,7 +25,6 @@ class BenchConfig:
     size: str = "quick"
     repeats: int = 20
     corpus: Path | None = None
-    device: str = "cpu"
     seed: int = 0
 
     def pick(self, tiny: Any, quick: Any, full: Any) -> Any:

@@ -16,6 +16,39 @@ from pathlib import Path
 from typing import Any
 
 JSON_FORMAT = "grammarmask-bench/1"
+_NUMBER = {"type": ["number", "null"]}
+RESULT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["format", "meta", "rows"],
+    "properties": {
+        "format": {"const": JSON_FORMAT},
+        "meta": {"type": "object", "required": ["machine", "size", "repeats"]},
+        "rows": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["scenario", "point", "variant", "baseline", "unit", "met"],
+                "properties": {
+                    "scenario": {"type": "string"},
+                    "point": {"type": "string"},
+                    "variant": {"type": "string"},
+                    "baseline": {"type": "string"},
+                    "unit": {"enum": ["ms", "tok/s"]},
+                    "p50": _NUMBER,
+                    "p99": _NUMBER,
+                    "ratio_p50": _NUMBER,
+                    "ratio_p99": _NUMBER,
+                    "target": {"type": ["string", "null"]},
+                    "met": {"type": ["boolean", "null"]},
+                    "repeats": {"type": "integer"},
+                    "unavailable": {"type": ["string", "null"]},
+                    "extra": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+"""What `--json OUT` writes (a JSON Schema)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -15,6 +15,8 @@ import torch
 from .apply import run_apply
 from .compile import run_compile
 from .context import Bench, BenchConfig, Outcome
+from .cuda import run_cuda
+from .e2e import run_e2e
 from .fill import run_fill, run_isolation
 from .overlap import run_overlap
 from .report import Row, table, write_json
@@ -25,6 +27,8 @@ SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
     "apply": run_apply,
     "overlap": run_overlap,
     "compile": run_compile,
+    "e2e": run_e2e,
+    "cuda": run_cuda,
 }
 """Every scenario, in the order a plain `grammarmask bench` runs them."""
 
@@ -77,14 +81,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     bench.add_argument(
         "scenario", nargs="*", help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}"
     )
-    bench.add_argument("--full", action="store_true", help="the whole grid (default: quick)")
+    size = bench.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true", help="the whole grid (default: quick)")
+    size.add_argument("--tiny", action="store_true", help="smoke-test sizes (seconds)")
     bench.add_argument("--repeats", type=int, help="timed repeats per point (default 20, full 40)")
     bench.add_argument(
         "--corpus",
         type=Path,
-        help="MaskBench folder (default: $GRAMMARMASK_CORPUS or ../shared/corpus/maskbench)",
+        help="MaskBench folder, or 'bundled' for the bundled schemas "
+        "(default: $GRAMMARMASK_CORPUS, else ../shared/corpus/maskbench, else bundled)",
     )
-    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    bench.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: run the cuda scenario (fill with the side-stream copy, apply on the GPU)",
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
     bench.add_argument(
@@ -97,7 +109,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def cmd_bench(args: argparse.Namespace) -> int:
     """Exit codes: 0 ran (with --strict: and every target met), 1 a target missed under
     --strict, 2 bad arguments or a missing input."""
-    names = args.scenario or list(SCENARIOS)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device here", file=sys.stderr)
+        return 2
+    names = args.scenario or (["cuda"] if args.device == "cuda" else list(SCENARIOS))
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print(
@@ -106,6 +121,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         return 2
     corpus = args.corpus if args.corpus is not None else default_corpus()
+    if corpus is not None and str(corpus) == "bundled":
+        corpus = None
     if corpus is not None and not corpus.is_dir():
         print(f"error: corpus folder {corpus} does not exist", file=sys.stderr)
         return 2
@@ -117,12 +134,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "error: --plot needs matplotlib: pip install 'grammarmask[plot]'", file=sys.stderr
             )
             return 2
-    size = "full" if args.full else "quick"
-    repeats = args.repeats or (40 if args.full else 20)
+    size = "full" if args.full else "tiny" if args.tiny else "quick"
+    repeats = args.repeats if args.repeats is not None else (40 if args.full else 20)
     if repeats < 1:
         print(f"error: --repeats must be at least 1, not {repeats}", file=sys.stderr)
         return 2
-    config = BenchConfig(size, repeats, corpus, args.device, args.seed)
+    config = BenchConfig(size, repeats, corpus, args.seed)
     print(f"corpus: {corpus or 'bundled schemas'}; {machine()}", file=sys.stderr)
     started = time.perf_counter()
     rows, outcomes = run_bench(names, config)

@@ -1,0 +1,73 @@
+"""Scenario `e2e`: tokens/s on the real model (SmolLM2-135M-Instruct), constrained against
+unconstrained, without drafts and with prompt-lookup drafts under masks.
+
+The constrained runs use a grammar that allows any text, so both runs decode the same
+greedy tokens and accept the same drafts: the tokens/s differ only by the cost of masking
+(fill, wait, apply) on every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..grammars import Grammar
+from ..pool import MatcherPool
+from ..vocabulary import Vocabulary
+from .context import Bench, Outcome
+from .report import Row, Target, compare
+
+TARGET = Target(">=", 0.97)
+
+
+def run_e2e(bench: Bench) -> Outcome:
+    from ..cli import bundled_schema_path
+    from ..demo import bundled_cases, chat_prompt
+    from ..integrations.engine import GenerationRequest, ReferenceEngine
+    from ..integrations.transformers import HFCausalLM, load_smollm2
+    from ..sampling import SamplingParams
+
+    config = bench.config
+    tokens = config.pick(8, 48, 96)
+    repeats = config.pick(1, 2, 3)
+    names = config.pick(("person",), ("person", "meeting", "product_review"), None)
+    depths = config.pick((2,), (0, 3), (0, 3, 5))
+    bench.plan(repeats * len(depths), "e2e (loading SmolLM2)")
+    model, tokenizer = load_smollm2()
+    vocab = Vocabulary.from_transformers(tokenizer, logits_width=model.config.vocab_size)
+    cases = [
+        c
+        for c in bundled_cases(bundled_schema_path("person.json").parent)
+        if names is None or c.name in names
+    ]
+    grammar = Grammar.regex(r"[\s\S]*")
+    rates: dict[tuple[int, bool], list[float]] = {}
+    with MatcherPool(vocab, workers=1) as pool:
+        for _ in range(repeats):
+            for drafts in depths:
+                engine = ReferenceEngine(HFCausalLM(model), vocab, pool, num_drafts=drafts)
+                order = [False, True] if bench.rng.random() < 0.5 else [True, False]
+                for constrained in order:
+                    for index, case in enumerate(cases):
+                        request = GenerationRequest(
+                            f"{drafts}-{constrained}-{index}-{bench.rng.random()}",
+                            chat_prompt(tokenizer, case),
+                            grammar if constrained else None,
+                            SamplingParams(temperature=0),
+                            tokens,
+                        )
+                        (result,) = engine.run([request])
+                        rates.setdefault((drafts, constrained), []).append(result.tokens_per_second)
+                bench.tick()
+    rows: list[Row] = []
+    for drafts in depths:
+        free, masked = f"unconstrained, {drafts} drafts", f"constrained, {drafts} drafts"
+        measured = compare(
+            "e2e",
+            f"SmolLM2-135M {tokens} tokens, {drafts} drafts",
+            {free: rates[(drafts, False)], masked: rates[(drafts, True)]},
+            free,
+            scale=1.0,
+            unit="tok/s",
+        )
+        rows += [measured[0], dataclasses.replace(measured[1], target=TARGET)]
+    return Outcome(rows)

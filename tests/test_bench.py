@@ -1,0 +1,93 @@
+"""`grammarmask bench`: every scenario on smoke sizes, the JSON format, the plots, the CLI's
+exit codes; and the timing and ratio helpers."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from grammarmask.bench import SCENARIOS, BenchConfig, run_bench
+from grammarmask.bench.report import RESULT_SCHEMA, Target, compare, interleave, percentile, table
+from grammarmask.cli import main
+
+CPU_SCENARIOS = [name for name in SCENARIOS if name != "e2e"]
+
+
+def test_ratios_are_against_the_baseline_of_the_same_run() -> None:
+    timings = {"base": [1.0, 2.0, 3.0], "fast": [0.5, 1.0, 1.5], "slow": [2.0, 4.0, 9.0]}
+    rows = compare("s", "p", timings, "base", {"fast": Target("<=", 0.6)})
+    by_name = {r.variant: r for r in rows}
+    assert rows[0].variant == "base" and rows[0].ratio_p50 == 1.0
+    assert by_name["fast"].ratio_p50 == pytest.approx(0.5) and by_name["fast"].met is True
+    assert by_name["slow"].ratio_p99 == pytest.approx(3.0) and by_name["slow"].met is None
+    assert "NO" not in table(rows) and "yes" in table(rows)
+    assert percentile([5.0, 1.0, 3.0], 0.99) == 5.0
+
+
+def test_interleave_runs_setup_untimed_and_shuffles_the_order() -> None:
+    calls: list[str] = []
+    runs = {name: (lambda n=name: calls.append(n)) for name in "abc"}
+    timings = interleave(runs, 20, random.Random(0), setup={"a": lambda: calls.append("setup")})
+    assert all(len(v) == 20 for v in timings.values())
+    assert calls.count("setup") == 20 and calls.count("a") == 20
+    firsts = {tuple(calls[i : i + 4]) for i in range(0, 80, 4)}
+    assert len(firsts) > 1, "the order must change between repeats"
+
+
+def test_unknown_scenario_and_missing_inputs_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "nope"]) == 2
+    assert "unknown scenario(s) nope" in capsys.readouterr().err
+    assert main(["bench", "fill", "--corpus", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["bench", "fill", "--tiny", "--repeats", "0"]) == 2
+    with pytest.raises(ValueError, match="unknown scenario"):
+        run_bench(["nope"], BenchConfig("tiny", 1))
+
+
+def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
+    """One CLI run: table, JSON valid against its schema, ratios, targets, unavailable rows,
+    one PNG per scenario with figures and the overlap timeline."""
+    out = tmp_path / "bench.json"
+    plots = tmp_path / "plots"
+    argv = ["bench", *CPU_SCENARIOS, "--tiny", "--repeats", "2", "--corpus", "bundled"]
+    assert main([*argv, "--json", str(out), "--plot", str(plots)]) == 0
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, RESULT_SCHEMA)
+    rows = document["rows"]
+    assert {r["scenario"] for r in rows} == set(CPU_SCENARIOS)
+    for row in rows:
+        if row["unavailable"] is None:
+            assert row["p50"] > 0 and row["ratio_p50"] > 0, row
+            if row["variant"] == row["baseline"]:
+                assert row["ratio_p50"] == 1.0
+    fill = [r for r in rows if r["scenario"] == "fill"]
+    assert {r["variant"] for r in fill} >= {
+        "naive loop (1 thread)",
+        "xgrammar batch matcher (2 threads)",
+        "xgrammar draft tree (1 thread)",
+        "pool, 1 worker",
+        "pool, 2 workers",
+    }
+    assert all(r["target"] is not None for r in fill if r["variant"].startswith("pool"))
+    apply = [r for r in rows if r["variant"] == "grammarmask apply_bitmask"]
+    assert len(apply) == 2 and all(r["target"] == "<= 1.5" for r in apply)
+    cuda = [r for r in rows if r["scenario"] == "cuda"]
+    assert all(r["unavailable"] == "no CUDA device" for r in cuda)
+    isolation = [r for r in rows if r["scenario"] == "isolation"]
+    assert any(r["variant"] == "pool, process isolation" for r in isolation)
+    names = {p.name for p in plots.iterdir()}
+    assert names >= {"fill.png", "apply.png", "overlap.png", "compile.png", "overlap_timeline.png"}
+    assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+@pytest.mark.slow
+def test_e2e_on_the_real_model() -> None:
+    rows, _ = run_bench(["e2e"], BenchConfig("tiny", 1), progress=False)
+    assert [r.unit for r in rows] == ["tok/s", "tok/s"]
+    assert rows[1].target == Target(">=", 0.97) and rows[1].ratio_p50 is not None
