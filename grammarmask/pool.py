@@ -149,6 +149,7 @@ class MatcherPool:
             else None
         )
         self._step = 0
+        self._last_step: Future[tuple[StepMasks, Any]] | None = None
         self._stop_row = torch.zeros(1, self._words, dtype=torch.int32)
         fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
 
@@ -226,8 +227,9 @@ class MatcherPool:
         row_indices: Sequence[Sequence[int]] | None = None,
         num_rows: int | None = None,
     ) -> StepMasks:
-        """Masks for one step, synchronously (see `fill_async`)."""
-        return self.fill_async(batch, row_indices=row_indices, num_rows=num_rows).wait()
+        """Masks for one step, synchronously (see `fill_async`). With no asynchronous step in
+        flight the step runs on the calling thread: no handoff to a sleeping thread."""
+        return self._start(batch, row_indices, num_rows, inline=True).wait()
 
     def fill_async(
         self,
@@ -241,6 +243,16 @@ class MatcherPool:
         Each entry is (request id or None for a request without grammar, its draft tokens).
         Call it after the previous step's commits; call `wait()` right before sampling.
         """
+        return self._start(batch, row_indices, num_rows, inline=False)
+
+    def _start(
+        self,
+        batch: Sequence[BatchEntry],
+        row_indices: Sequence[Sequence[int]] | None,
+        num_rows: int | None,
+        *,
+        inline: bool,
+    ) -> MaskFuture:
         plan = StepPlan.build(batch, row_indices, num_rows)
         if plan.num_rows > self._transfer.rows:
             raise BatchError(
@@ -255,7 +267,15 @@ class MatcherPool:
             done: Future[tuple[StepMasks, Any]] = Future()
             done.set_result((masks, None))
             return MaskFuture(done, self._transfer, consumer)
-        work = self._coordinator.submit(self._run_step, plan, requests, consumer)
+        if inline and (self._last_step is None or self._last_step.done()):
+            work: Future[tuple[StepMasks, Any]] = Future()
+            try:
+                work.set_result(self._run_step(plan, requests, consumer))
+            except BaseException as exc:  # surfaces at wait(), as from the coordinator
+                work.set_exception(exc)
+        else:
+            work = self._coordinator.submit(self._run_step, plan, requests, consumer)
+        self._last_step = work
         return MaskFuture(work, self._transfer, consumer)
 
     def _run_step(
