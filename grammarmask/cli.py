@@ -1,5 +1,5 @@
 """Command line: `grammarmask demo` (the real model, with and without masks), `generate`,
-and `check` (what each backend enforces of a schema)."""
+`check` (what each backend enforces of a schema) and `bench` (performance ratios)."""
 
 from __future__ import annotations
 

@@ -134,3 +134,20 @@ def test_every_kernel_path_matches_reference(
     expected = _reference(logits, full_mask, grammar_rows)
     gm.apply_bitmask(logits, _masks(full_mask, grammar_rows, vocab))
     assert torch.equal(logits, expected)
+
+
+def test_rows_in_any_order_and_with_gaps_match_reference() -> None:
+    """The unpacking path works on runs of consecutive rows: grammar rows given out of order,
+    with gaps, and more than one chunk of consecutive rows."""
+    generator = torch.Generator().manual_seed(7)
+    vocab, rows = 320, 12
+    words = gm.words_per_row(vocab)
+    bitmask = torch.randint(
+        -(2**31), 2**31 - 1, (rows, words), dtype=torch.int32, generator=generator
+    )
+    grammar_rows = [9, 2, 3, 4, 5, 6, 7, 11, 0]
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(rows, vocab, generator=generator).to(dtype)
+        expected = _reference(logits, bitmask, sorted(grammar_rows))
+        gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
+        assert torch.equal(logits, expected)
