@@ -28,9 +28,7 @@ TARGET = Target("<=", 1.5)
 def real_masks(bench: Bench, rows: int, device: str = "cpu") -> StepMasks:
     """`rows` rows of real DeepSeek masks (5 drafts per request), every 4th without grammar."""
     requests = max(1, rows // 6)
-    plans = replays(
-        bench.instances("deepseek", bench.config.pick(3, 32, 64)), requests, 5, bench.rng
-    )
+    plans = replays(bench.instances("deepseek"), requests, 5, bench.rng)
     pool, batch = build_pool(bench, "deepseek", plans, 2)
     entries = [(rid if i % 4 else None, drafts) for i, (rid, drafts) in enumerate(batch)]
     masks = pool.fill(entries)

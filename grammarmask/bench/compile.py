@@ -90,9 +90,7 @@ def _slow_grammar(salt: int) -> Grammar:
 def _stall(bench: Bench) -> list[Row]:
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(
-        bench.instances("deepseek", config.pick(3, 32, 64)), requests, drafts, bench.rng
-    )
+    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
     pool, batch = build_pool(bench, "deepseek", plans, 2)
     compiler = bench.compiler("deepseek")
     salts = iter(range(10**9))

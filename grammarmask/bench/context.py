@@ -71,8 +71,10 @@ class Bench:
             self._compilers[name] = GrammarCompiler(self.vocab(name), timeout_s=60)
         return self._compilers[name]
 
-    def instances(self, name: str, count: int) -> list[Instance]:
-        """`count` corpus schemas (bundled ones without a corpus) with a valid instance."""
+    def instances(self, name: str) -> list[Instance]:
+        """Corpus schemas (bundled ones without a corpus) with a valid instance: 3 tiny,
+        16 quick, 64 full; requests cycle over them."""
+        count = self.config.pick(3, 16, 64)
         have = self._instances.get(name, [])
         if not have or (len(have) < count and self.config.corpus is not None):
             self._bar.set_description(f"compiling {count} schemas for {name}")

@@ -44,9 +44,7 @@ def _copy_rows(bench: Bench) -> list[Row]:
     config = bench.config
     device = torch.device("cuda")
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(
-        bench.instances("deepseek", config.pick(3, 32, 64)), requests, drafts, bench.rng
-    )
+    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
     host_pool, batch = build_pool(bench, "deepseek", plans, 2)
     vocab = bench.vocab("deepseek")
     gpu_pool = MatcherPool(

@@ -157,7 +157,7 @@ def _check_masks(reference: torch.Tensor, masks: dict[str, torch.Tensor]) -> Non
 
 def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> list[Row]:
     config = bench.config
-    instances = bench.instances(vocab_name, config.pick(3, 32, 64))
+    instances = bench.instances(vocab_name)
     plans = replays(instances, requests, drafts, bench.rng)
     raw = RawMatchers(bench.vocab(vocab_name), plans)
     pools = {w: build_pool(bench, vocab_name, plans, w) for w in (1, 2)}
@@ -203,9 +203,7 @@ def run_isolation(bench: Bench) -> Outcome:
     """The pool with thread vs process isolation, 2 workers, B=64, D=5."""
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(
-        bench.instances("deepseek", config.pick(3, 32, 64)), requests, drafts, bench.rng
-    )
+    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
     point = f"deepseek B={requests} D={drafts}"
     thread, batch = build_pool(bench, "deepseek", plans, 2)
     base = "pool, thread isolation"

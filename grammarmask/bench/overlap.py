@@ -68,9 +68,7 @@ def _timeline(
 def run_overlap(bench: Bench) -> Outcome:
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(
-        bench.instances("deepseek", config.pick(3, 32, 64)), requests, drafts, bench.rng
-    )
+    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
     pool, batch = build_pool(bench, "deepseek", plans, 2)
     forward = stand_in_forward()
     bench.plan(config.repeats, "overlap")
