@@ -74,19 +74,17 @@ class Bench:
     def instances(self, name: str) -> list[Instance]:
         """Corpus schemas (bundled ones without a corpus) with a valid instance: 3 tiny,
         16 quick, 64 full; requests cycle over them."""
-        count = self.config.pick(3, 16, 64)
-        have = self._instances.get(name, [])
-        if not have or (len(have) < count and self.config.corpus is not None):
+        if name not in self._instances:
+            count = self.config.pick(3, 16, 64)
             self._bar.set_description(f"compiling {count} schemas for {name}")
-            have = pick_instances(
+            self._instances[name] = pick_instances(
                 self.config.corpus,
                 count,
                 self.compiler(name),
                 encoder(name),
                 random.Random(self.config.seed),
             )
-            self._instances[name] = have
-        return have[:count]
+        return self._instances[name]
 
     def close(self) -> None:
         self._bar.close()
