@@ -25,8 +25,9 @@ from ..grammars import Grammar
 from ..known_vocabs import package_dir
 
 Encoder = Callable[[str], list[int]]
-MAX_SCHEMA_CHARS = 20_000
-"""Larger schemas take seconds to compile and are rare in traffic."""
+MAX_SCHEMA_CHARS = 4_000
+"""Larger schemas take seconds each to compile on a 129k vocabulary (minutes on a busy
+2-core machine), which would dominate a run."""
 
 
 def encoder(vocab_name: str) -> Encoder:
