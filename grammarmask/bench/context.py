@@ -76,6 +76,7 @@ class Bench:
         16 quick, 64 full; requests cycle over them."""
         if name not in self._instances:
             count = self.config.pick(3, 16, 64)
+            label = self._bar.desc
             self._bar.set_description(f"compiling {count} schemas for {name}")
             self._instances[name] = pick_instances(
                 self.config.corpus,
@@ -84,6 +85,7 @@ class Bench:
                 encoder(name),
                 random.Random(self.config.seed),
             )
+            self._bar.set_description(label.removesuffix(": "))
         return self._instances[name]
 
     def close(self) -> None:
