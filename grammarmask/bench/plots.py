@@ -28,10 +28,11 @@ def _ratio_chart(scenario: str, rows: Sequence[Row], path: Path) -> None:
         if row.target is not None:
             ax.plot(row.target.value, position, "rv", markersize=6)
     ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
     ax.set_yticks(list(positions), labels, fontsize=7)
     ax.invert_yaxis()
     unit = "tokens/s" if any(r.unit == "tok/s" for r in shown) else "time"
-    ax.set_xlabel(f"{unit} / baseline of the same point (grey: baseline; red: target)")
+    ax.set_xlabel(f"{unit} / baseline of the same point, log scale (grey: baseline; red: target)")
     ax.set_title(f"grammarmask bench: {scenario}")
     ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
