@@ -190,8 +190,10 @@ def table(rows: Sequence[Row]) -> str:
                 met,
             ]
         )
-    full = [line for line in lines if len(line) == len(header) + 2]
-    widths = [max(len(line[i]) for line in full) for i in range(len(header) + 2)]
+    columns = len(header) + 2
+    widths = [  # an "unavailable" note spans the figure columns and sets no width
+        max(len(line[i]) for line in lines if len(line) == columns or i < 3) for i in range(columns)
+    ]
     out = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines
     ]
