@@ -34,7 +34,7 @@ from .compiler import GrammarCompiler
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
-from .steps import BatchEntry, BatchError, RequestId, StepMasks, StepPlan
+from .steps import DEFAULT_MAX_DRAFTS, BatchEntry, BatchError, RequestId, StepMasks, StepPlan
 from .transfer import CudaOps, DeviceOps, MaskTransfer
 from .vocabulary import Vocabulary
 
@@ -120,6 +120,7 @@ class MatcherPool:
         *,
         max_rows: int = 1024,
         ring_slots: int = 2,
+        max_drafts: int = DEFAULT_MAX_DRAFTS,
         compile_timeout_s: float = 60.0,
         compiler: GrammarCompiler | None = None,
         device_ops: DeviceOps | None = None,
@@ -131,6 +132,9 @@ class MatcherPool:
         self.workers = workers if workers is not None else min(4, os.cpu_count() or 1)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if max_drafts < 0:
+            raise ValueError(f"max_drafts must be at least 0, not {max_drafts}")
+        self.max_drafts = max_drafts
         self.compile_timeout_s = compile_timeout_s
         self._owns_compiler = compiler is None
         self._compiler = compiler or GrammarCompiler(vocab, timeout_s=compile_timeout_s)
@@ -241,7 +245,7 @@ class MatcherPool:
         Each entry is (request id or None for a request without grammar, its draft tokens).
         Call it after the previous step's commits; call `wait()` right before sampling.
         """
-        plan = StepPlan.build(batch, row_indices, num_rows)
+        plan = StepPlan.build(batch, row_indices, num_rows, max_drafts=self.max_drafts)
         if plan.num_rows > self._transfer.rows:
             raise BatchError(
                 f"the step has {plan.num_rows} rows; "
