@@ -78,21 +78,20 @@ class GrammarCompiler:
             if future is not None:
                 self._cache.move_to_end(key)
                 return future
-            future = self._executor.submit(engine.compile, grammar)
+            future = self._executor.submit(self._compile, key, engine, grammar)
             self._cache[key] = future
             self._evict()
-        future.add_done_callback(lambda done: self._account(key, done))
-        return future
+            return future
 
-    def _account(self, key: CacheKey, future: Future[CompiledGrammar]) -> None:
-        """Count a finished compilation's bytes (failures hold none) and evict to the bounds."""
-        if future.cancelled() or future.exception() is not None:
-            return
+    def _compile(self, key: CacheKey, engine: Backend, grammar: Grammar) -> CompiledGrammar:
+        """Compile, then count the bytes before anyone sees the result (failures hold none)."""
+        compiled = engine.compile(grammar)
         with self._lock:
-            if self._cache.get(key) is future and key not in self._sizes:
-                self._sizes[key] = future.result().memory_bytes
-                self._bytes += self._sizes[key]
+            if key in self._cache and key not in self._sizes:
+                self._sizes[key] = compiled.memory_bytes
+                self._bytes += compiled.memory_bytes
                 self._evict()
+        return compiled
 
     def _evict(self) -> None:
         """Drop least recently used entries until both bounds hold (lock held)."""

@@ -79,7 +79,7 @@ def _resolve_pointer(document: Any, pointer: str) -> bool:
 def _check_size(what: str, size: int, limits: GrammarLimits) -> None:
     if size > limits.max_source_bytes:
         raise GrammarTooLargeError(
-            f"{what} is {size:,} bytes; the limit is {limits.max_source_bytes:,} "
+            f"{what}: {size:,} bytes, over the limit of {limits.max_source_bytes:,} "
             "(GrammarLimits.max_source_bytes)"
         )
 
