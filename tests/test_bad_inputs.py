@@ -51,10 +51,7 @@ class Ctx:
         self.compiler = gm.GrammarCompiler(vocab)
         self.pool = gm.MatcherPool(vocab, workers=2, compiler=self.compiler)
         self._ids = itertools.count()
-        self._bystander_grammar = gm.Grammar.json_schema(
-            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-        )
-        self.pool.add("bystander", self._bystander_grammar)
+        self.pool.add("bystander", gm.Grammar.json_schema({**OBJ, "required": ["a"]}))
         self._bystander_drafts = [self.token(b'{"'), self.token(b"a")]
         self._bystander_rows = self._fill_bystander([])[0]
         self.pool.add("logits", gm.Grammar.regex("[a-z]+"))
@@ -318,6 +315,8 @@ CATALOGUE: tuple[Refusal, ...] = (
     Refusal("commit", "token id past the vocabulary", FAILED,
             "committed token id 200000 is outside the vocabulary [0, 129280)",
             lambda c: c.commit(G.regex("[a-z]+"), [200_000])),
+    Refusal("commit", "token that is not an integer", FAILED,
+            "while committing tokens: TypeError", lambda c: c.commit(G.regex("[a-z]+"), [2.5])),
     Refusal("commit", "token after the request finished", FAILED,
             "committed after the request finished",
             lambda c: c.commit(G.regex("a"), [c.token(b"a"), STOP], [c.token(b"a")])),
@@ -416,7 +415,7 @@ def test_limits_admit_what_they_do_not_refuse(ctx: Ctx) -> None:
     """The refusals above are the limits' edges: one level or byte less compiles."""
     deepest = G.json_schema(_nested_items(DEEP_ITEMS - 1))
     assert ctx.compiler.compile(deepest).fully_enforced
-    G.regex("a" * BIG)
+    G.json_schema(" " * (BIG - 2) + "{}")
     assert G.regex("a" * 11, limits=gm.GrammarLimits(max_source_bytes=11)).source == "a" * 11
     with pytest.raises(gm.GrammarTooLargeError, match="the regex: 12 bytes"):
         G.regex("a" * 12, limits=gm.GrammarLimits(max_source_bytes=11))
