@@ -290,6 +290,7 @@ class ProcessExecutor:
                         return reply
                 except _WorkerGone:
                     pass
+        held.reported = True  # the caller hears it now
         return RequestState(request_id, "failed", held.failed, held.backend)
 
     # ------------------------------------------------------------------ workers
