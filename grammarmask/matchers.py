@@ -136,7 +136,15 @@ class MatcherTable:
         self.stop_row = torch.zeros(1, self._words, dtype=torch.int32)
         fill_stop_only(self.stop_row, 0, vocab.stop_token_ids)
 
-    def add(self, request_id: RequestId, grammar: Grammar, backend: str) -> RequestState:
+    def add(
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        backend: str,
+        compile_timeout_s: float | None = None,
+    ) -> RequestState:
+        """`compile_timeout_s` overrides the table's (a replay of a grammar known to compile)."""
+        timeout = self.compile_timeout_s if compile_timeout_s is None else compile_timeout_s
         with self._lock:
             if request_id in self._requests:
                 raise GrammarMaskError(f"request {request_id!r} is already in the pool")
@@ -144,7 +152,7 @@ class MatcherTable:
                 request_id,
                 grammar,
                 self._compiler.submit(grammar, backend),
-                time.monotonic() + self.compile_timeout_s,
+                time.monotonic() + timeout,
                 backend=backend,
             )
             self._requests[request_id] = request

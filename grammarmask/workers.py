@@ -136,9 +136,11 @@ def _worker_main(
         elif kind == "state":
             conn.send(table.state(message[1]))
         elif kind == "add":
-            _, request_id, grammar, backend, commits = message
+            _, request_id, grammar, backend, commits, replay = message
+            # a replayed grammar compiled before: no tight timeout for it in a cold cache
+            timeout = compile_timeout_s + _HANG_GRACE_S / 2 if replay else None
             try:
-                table.add(request_id, grammar, backend)
+                table.add(request_id, grammar, backend, timeout)
             except GrammarMaskError as exc:
                 table.add_failed(request_id, backend, str(exc))
             for tokens in commits:
@@ -240,7 +242,7 @@ class ProcessExecutor:
         with self._slots[index]:
             worker = self._alive(self._workers[index], "idle")
             worker.held.add(request_id)
-            _send(worker, ("add", request_id, grammar, backend, ()))
+            _send(worker, ("add", request_id, grammar, backend, (), False))
         return RequestState(request_id, "active", backend=backend)
 
     def remove(self, request_id: RequestId) -> None:
@@ -340,7 +342,8 @@ class ProcessExecutor:
                     continue
                 if request_id in spare:
                     new.held.add(request_id)
-                    _send(new, ("add", request_id, held.grammar, held.backend, held.commits))
+                    message = ("add", request_id, held.grammar, held.backend, held.commits, True)
+                    _send(new, message)
                 else:
                     held.failed = reason
             new.pending_removes = worker.pending_removes

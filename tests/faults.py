@@ -63,6 +63,8 @@ class FaultyBackend(gm.Backend):
     def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
         if self._fault == "slow compile":
             time.sleep(2.0)
+        if self._fault == "stuck compile":
+            time.sleep(4.0)
         if self._fault == "segv compile":
             os.kill(os.getpid(), signal.SIGSEGV)
         compiled = self._inner.compile(grammar)
@@ -76,7 +78,7 @@ class FaultyBackend(gm.Backend):
 
 
 HANG_S = 3.0
-FAULTS = ("fill", "accept", "rollback", "slow compile", "hang")
+FAULTS = ("fill", "accept", "rollback", "slow compile", "stuck compile", "hang")
 CRASHES = ("segv", "abort", "segv compile")
 
 
