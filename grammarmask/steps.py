@@ -9,7 +9,7 @@ layout passes explicit row indices, and the masks land where its logits rows are
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +50,12 @@ class StepPlan:
         drafts = tuple(_draft_ids(index, entry, max_drafts) for index, entry in enumerate(batch))
         request_ids = tuple(entry[0] for entry in batch)
         named = [r for r in request_ids if r is not None]
+        for index, request_id in enumerate(request_ids):
+            if not isinstance(request_id, Hashable):
+                raise BatchError(
+                    f"batch entry {index} has request id {request_id!r}, which cannot be an id "
+                    "(not hashable); use the string given to add()"
+                )
         if len(set(named)) != len(named):
             duplicate = next(r for r in named if named.count(r) > 1)
             raise BatchError(f"request {duplicate!r} appears twice in one batch")
