@@ -104,13 +104,14 @@ def _walk_schema(schema: Any, max_depth: int) -> tuple[list[tuple[str, str]], se
         if isinstance(node, list):
             stack.extend((v, (*path, i)) for i, v in enumerate(node))
             continue
-        ref, anchor, ident = node.get("$ref"), node.get("$anchor"), node.get("$id")
+        ref = node.get("$ref")
         if isinstance(ref, str):
             refs.append((ref, json_pointer((*path, "$ref"))))
-        if isinstance(anchor, str):
-            anchors.add(anchor)
-        if isinstance(ident, str) and ident.startswith("#"):
-            anchors.add(ident[1:])
+        if isinstance(node.get("$anchor"), str):
+            anchors.add(node["$anchor"])
+        for ident in (node.get("$id"), node.get("id")):  # "#name" ids: drafts 4 to 7
+            if isinstance(ident, str) and ident.startswith("#"):
+                anchors.add(ident[1:])
         stack.extend((v, (*path, k)) for k, v in node.items())
     return refs, anchors
 

@@ -431,6 +431,8 @@ def test_local_refs_and_anchors_resolve() -> None:
     G.json_schema({"$defs": {"a": {"$anchor": "name", "type": "string"}}, "$ref": "#name"})
     draft7 = "http://json-schema.org/draft-07/schema#"
     G.json_schema({"$schema": draft7, "definitions": {"a": {"$id": "#n"}}, "items": {"$ref": "#n"}})
+    draft4 = "http://json-schema.org/draft-04/schema#"
+    G.json_schema({"$schema": draft4, "definitions": {"a": {"id": "#n"}}, "items": {"$ref": "#n"}})
     G.json_schema({"type": "array", "items": {"$ref": "#"}})
 
 
