@@ -334,23 +334,37 @@ class StepFill:
         return self.result
 
     def _drain(self) -> None:
+        """Fill requests until none is left; one lock round per request (publish the last
+        one's rows, take the next), and the waiting thread is woken only at the end."""
+        done: tuple[FillEntry, torch.Tensor, int, str | None] | None = None
         while True:
-            with self._condition:
-                if self._closed or not self._pending:
-                    return
-                request, entry = self._entries[self._pending.popleft()]
-            scratch, valid, failure = self._table.fill_scratch(request, entry)
             with self._condition:
                 if self._closed:
                     return  # late: the step went on without this request
-                self._host[list(entry.rows)] = scratch
-                self.result.valid[entry.index] = valid
-                if failure is not None:
-                    self.result.failures[entry.request_id] = failure
-                if self._progress is not None:
-                    self._progress[entry.index] = -1 if failure is not None else valid
-                self._left -= 1
-                self._condition.notify_all()
+                if done is not None:
+                    self._publish(*done)
+                if not self._pending:
+                    return
+                request, entry = self._entries[self._pending.popleft()]
+            scratch, valid, failure = self._table.fill_scratch(request, entry)
+            done = (entry, scratch, valid, failure)
+
+    def _publish(
+        self, entry: FillEntry, scratch: torch.Tensor, valid: int, failure: str | None
+    ) -> None:
+        first = entry.rows[0]
+        if entry.rows == tuple(range(first, first + len(entry.rows))):
+            self._host[first : first + len(entry.rows)].copy_(scratch)
+        else:
+            self._host[list(entry.rows)] = scratch
+        self.result.valid[entry.index] = valid
+        if failure is not None:
+            self.result.failures[entry.request_id] = failure
+        if self._progress is not None:
+            self._progress[entry.index] = -1 if failure is not None else valid
+        self._left -= 1
+        if not self._left:
+            self._condition.notify_all()
 
     def _close_late(self) -> None:
         """Past the deadline (condition held): every request not done fails alone."""

@@ -64,7 +64,7 @@ class FaultyBackend(gm.Backend):
         if self._fault == "slow compile":
             time.sleep(2.0)
         if self._fault == "stuck compile":
-            time.sleep(4.0)
+            time.sleep(12.0)
         if self._fault == "segv compile":
             os.kill(os.getpid(), signal.SIGSEGV)
         compiled = self._inner.compile(grammar)

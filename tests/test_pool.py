@@ -33,14 +33,17 @@ def compiler(deepseek: gm.Vocabulary) -> gm.GrammarCompiler:
 
 @pytest.fixture(scope="module")
 def cases(
-    deepseek_encode: Callable[[str], list[int]],
+    deepseek_encode: Callable[[str], list[int]], compiler: gm.GrammarCompiler
 ) -> dict[str, tuple[gm.Grammar, list[int]]]:
-    """Each bundled schema with the real token ids of its first valid example."""
+    """Each bundled schema with the real token ids of its first valid example; compiled once
+    up front, so that the tests' 1 s compile timeout holds on a loaded machine."""
     out = {}
     for name in NAMES:
         schema = bundled_schema(name)
         text = json.dumps(schema["examples"][0], separators=(",", ":"), ensure_ascii=False)
         out[name] = (gm.Grammar.json_schema(schema), deepseek_encode(text))
+        for backend in ("xgrammar", "faulty-fill", "faulty-accept", "faulty-rollback"):
+            compiler.compile(out[name][0], backend, timeout_s=600)
     return out
 
 

@@ -35,7 +35,7 @@ REQUESTS = 64
 MAX_DRAFTS = 5
 FAULT_RATE = 0.2  # per step; the long run uses 0.05 (restarting workers takes seconds)
 DEADLINE_S = 2.0  # on steps with a hanging request (faults.HANG_S = 3 s)
-COMPILE_TIMEOUT_S = 3.0  # "stuck compile" takes 4 s
+COMPILE_TIMEOUT_S = 10.0  # "stuck compile" takes 12 s; a restarted worker compiles cold
 BAD_SCHEMA = {"type": "object", "properties": {"a": False}, "required": ["a"]}
 # fault -> weight; the kinds that cost a worker restart are rarer
 FAULTS = {
@@ -59,7 +59,7 @@ NEW_REQUEST_FAULTS = (
     "worker segfault",
 )
 """Faults that come with a new request (its backend or grammar); the others hit a live one."""
-PROCESS_FAULTS = {"worker killed": 0.2, "worker segfault": 0.2}
+PROCESS_FAULTS = {"worker killed": 0.5, "worker segfault": 0.5}
 # what each fault's reason must say
 REASONS = {
     "fill": "injected fault in fill",
@@ -292,9 +292,11 @@ def run_soak(
             pids += faulty._executor.pids()  # type: ignore[attr-defined]
         soak.report.rss_mb_before = _rss_mb(pids)
         started = time.monotonic()
-        for _ in range(steps - warmup):
+        for step in range(warmup, steps):
             soak.step()
             faulthandler.dump_traceback_later(600, exit=True)
+            if (step + 1) % 1000 == 0:
+                print(f"{isolation} step {step + 1}: {soak.report.table().splitlines()[0]}")
         soak.report.seconds = time.monotonic() - started
         if isolation == "process":
             pids = [os.getpid(), *faulty._executor.pids()]  # type: ignore[attr-defined]
@@ -338,11 +340,13 @@ def _check(report: Report, steps: int) -> None:
     print("\n" + report.table())
     assert report.steps == steps
     assert report.contamination == [], report.contamination[:10]
-    assert sum(report.faults.values()) > 0
+    assert report.reported > 0
+    if report.isolation == "process":
+        assert report.faults["worker killed"] + report.faults["worker segfault"] > 0
     assert report.rss_mb_after - report.rss_mb_before < 300
 
 
-@pytest.mark.parametrize(("isolation", "steps"), [("thread", 150), ("process", 100)])
+@pytest.mark.parametrize(("isolation", "steps"), [("thread", 80), ("process", 50)])
 def test_soak(
     isolation: str,
     steps: int,
