@@ -436,6 +436,20 @@ def test_local_refs_and_anchors_resolve() -> None:
     G.json_schema({"type": "array", "items": {"$ref": "#"}})
 
 
+@pytest.mark.corpus
+def test_the_new_checks_refuse_no_maskbench_schema(corpus_dir: Path) -> None:
+    """Limits, $ref targets and plain-data checks are for abuse: real schemas all pass them
+    (two MaskBench schemas fail the metaschema itself, as before these checks)."""
+    refused = {}
+    for path in sorted(corpus_dir.glob("*.json")):
+        try:
+            G.json_schema(json.loads(path.read_text(encoding="utf-8"))["schema"])
+        except gm.GrammarError as exc:
+            if "not a valid JSON Schema" not in str(exc):
+                refused[path.name] = str(exc)
+    assert not refused, refused
+
+
 def test_a_draft_list_at_max_drafts_is_served(ctx: Ctx) -> None:
     pool_drafts = [ctx.token(b"a")] * 16
     masks = ctx.pool.fill([("logits", pool_drafts)])
