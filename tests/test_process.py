@@ -12,11 +12,13 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import bundled_schema, ids_in_row
+from conftest import bundled_examples, ids_in_row
 from faults import HANG_S, faulty_backends
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,12 +33,7 @@ _ids = itertools.count()
 def cases(
     deepseek_encode: Callable[[str], list[int]],
 ) -> dict[str, tuple[gm.Grammar, list[int]]]:
-    out = {}
-    for name in NAMES:
-        schema = bundled_schema(name)
-        text = json.dumps(schema["examples"][0], separators=(",", ":"), ensure_ascii=False)
-        out[name] = (gm.Grammar.json_schema(schema), deepseek_encode(text))
-    return out
+    return bundled_examples(NAMES, deepseek_encode)
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +258,47 @@ def test_process_pool_refuses_a_compiler(deepseek: gm.Vocabulary) -> None:
     with pytest.raises(ValueError, match="isolation must be"):
         gm.MatcherPool(deepseek, isolation="fork")  # type: ignore[arg-type]
     compiler.close()
+
+
+@pytest.mark.corpus
+def test_corpus_schemas_through_a_process_pool(
+    corpus_dir: Path,
+    process_pool: gm.MatcherPool,
+    thread_pool: gm.MatcherPool,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    """Real MaskBench schemas (GRAMMARMASK_PROCESS_SAMPLE of them, every 1 in N files), each
+    replaying its first valid instance: whatever a backend does with them (refuse, time
+    out, crash), the pool answers every step, a crash names its signal, and the requests
+    that stay active have exactly the thread pool's masks."""
+    files = sorted(corpus_dir.glob("*.json"))
+    sample = int(os.environ.get("GRAMMARMASK_PROCESS_SAMPLE", "200"))
+    outcomes: Counter[str] = Counter()
+    for path in files[:: max(1, len(files) // sample)]:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        valid = [t["data"] for t in entry["tests"] if t["valid"]]
+        try:
+            grammar = gm.Grammar.json_schema(entry["schema"])
+        except gm.GrammarError:
+            outcomes["refused up front"] += 1
+            continue
+        ids = deepseek_encode(json.dumps(valid[0], separators=(",", ":"))) if valid else []
+        rid = f"c{next(_ids)}"
+        process_pool.add(rid, grammar)
+        got = process_pool.fill([(rid, ids[:4])])
+        state = process_pool.state(rid)
+        if "worker process died" in (state.reason or ""):
+            assert "(SIG" in (state.reason or ""), state
+            outcomes["worker crash"] += 1
+        elif state.status == "active":  # only now in this process: it did not crash there
+            thread_pool.add(rid, grammar)
+            want = thread_pool.fill([(rid, ids[:4])])
+            assert torch.equal(got.bitmask, want.bitmask), path.name
+            thread_pool.remove(rid)
+            outcomes["active"] += 1
+        else:
+            assert state.reason, state
+            outcomes["failed with a reason"] += 1
+        process_pool.remove(rid)
+    print(dict(outcomes))
+    assert outcomes["active"] > 0

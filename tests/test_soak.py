@@ -13,7 +13,6 @@ tests/test_soak.py` or `pytest -m slow -s tests/test_soak.py` is the long run.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import random
 import signal
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import bundled_schema, ids_in_row
+from conftest import bundled_examples, ids_in_row
 from faults import HANG_S, faulty_backends
 
 import grammarmask as gm
@@ -328,12 +327,7 @@ def _warm_up(pool: gm.MatcherPool, examples: dict[str, tuple[gm.Grammar, list[in
 def examples(
     deepseek_encode: Callable[[str], list[int]],
 ) -> dict[str, tuple[gm.Grammar, list[int]]]:
-    out = {}
-    for name in NAMES:
-        schema = bundled_schema(name)
-        text = json.dumps(schema["examples"][0], separators=(",", ":"), ensure_ascii=False)
-        out[name] = (gm.Grammar.json_schema(schema), deepseek_encode(text))
-    return out
+    return bundled_examples(NAMES, deepseek_encode)
 
 
 def _check(report: Report, steps: int) -> None:
