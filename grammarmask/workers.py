@@ -54,7 +54,7 @@ from .vocabulary import Vocabulary
 _FILL_THREADS = 2
 """Fill threads per worker process: a hanging matcher holds up one, the other goes on."""
 _POLL_S = 0.05
-"""How often a waiting step looks at a deadline that `wait(timeout=...)` may have moved."""
+"""How often a waiting step looks at its deadline (`wait(timeout=...)` may set one late)."""
 _HANG_GRACE_S = 60.0
 """A worker that answers nothing this long past the compile timeout counts as hung."""
 
@@ -424,8 +424,7 @@ class ProcessExecutor:
         while waiting:
             watched = [w.conn for w in waiting.values()]
             watched += [w.process.sentinel for w in waiting.values()]
-            timeout = None if deadline.at is None else _POLL_S
-            ready = set(multiprocessing.connection.wait(watched, timeout))
+            ready = set(multiprocessing.connection.wait(watched, _POLL_S))
             now = time.monotonic()
             for index, worker in list(waiting.items()):
                 if worker.conn in ready:
@@ -482,7 +481,9 @@ class ProcessExecutor:
                 held = self._held.get(entry.request_id)
                 if held is not None:
                     held.failed = reason
-        self._replace(worker, DEADLINE_REASON, kill=False, spare=frozenset(worker.held - late))
+        with self._lock:
+            spare = frozenset(worker.held - late)
+        self._replace(worker, DEADLINE_REASON, kill=False, spare=spare)
 
     def _fail_rows(
         self, host: torch.Tensor, entry: FillEntry, result: FillResult, reason: str | None
