@@ -13,6 +13,7 @@ tests/test_soak.py` or `pytest -m slow -s tests/test_soak.py` is the long run.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import random
 import signal
@@ -48,6 +49,9 @@ FAULTS = {
     "remove mid-step": 1.0,
     "deadline": 0.3,
 }
+HOLDS_A_THREAD = {"deadline": HANG_S, "compile timeout": COMPILE_TIMEOUT_S}
+"""Faults that hold a fill thread for seconds; two at once would starve a 2-thread pool
+(every fill thread held), so the soak injects one at a time."""
 NEW_REQUEST_FAULTS = (
     "fill",
     "accept",
@@ -133,7 +137,7 @@ class Soak:
         self.report = Report(faulty.isolation)
         self.kinds = dict(FAULTS, **(PROCESS_FAULTS if faulty.isolation == "process" else {}))
         self.serial = 0
-        self.hung_until = 0.0
+        self.held_until = 0.0
         self.slots = [self._new_slot(None) for _ in range(REQUESTS)]
 
     def _new_slot(self, fault: str | None) -> Slot:
@@ -145,8 +149,9 @@ class Soak:
             self.faulty.add(rid, gm.Grammar.json_schema(BAD_SCHEMA))
         elif fault in ("fill", "accept", "rollback"):
             self.faulty.add(rid, grammar, backend=f"faulty-{fault}")
-        elif fault == "compile timeout":
-            self.faulty.add(rid, grammar, backend="faulty-stuck compile")
+        elif fault == "compile timeout":  # a grammar of its own: a cache hit would not wait
+            unique = gm.Grammar.json_schema(dict(json.loads(grammar.source), title=rid))
+            self.faulty.add(rid, unique, backend="faulty-stuck compile")
         elif fault == "deadline":
             self.faulty.add(rid, grammar, backend="faulty-hang")
         elif fault == "worker segfault":
@@ -165,10 +170,10 @@ class Soak:
         fault = None
         if self.rng.random() < self.fault_rate:
             fault = self.rng.choices(list(self.kinds), weights=list(self.kinds.values()))[0]
-        if fault == "deadline" and time.monotonic() < self.hung_until:
-            fault = None  # in thread mode a hung fill holds a thread until it returns
-        if fault == "deadline":
-            self.hung_until = time.monotonic() + HANG_S + 1.0
+        if fault in HOLDS_A_THREAD and time.monotonic() < self.held_until:
+            fault = None  # a hung fill, or one waiting for its compile, holds a fill thread
+        if fault in HOLDS_A_THREAD:
+            self.held_until = time.monotonic() + HOLDS_A_THREAD[fault] + 1.0
         if fault is not None:
             self.report.faults[fault] += 1
         target = self.rng.randrange(REQUESTS)
