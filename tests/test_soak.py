@@ -233,10 +233,11 @@ class Soak:
 
     def _collateral(self, slot: Slot, reason: str | None) -> None:
         """A request without a fault may only fail alongside a dead worker."""
-        if "worker process died" not in (reason or ""):
+        if "worker process died" in (reason or ""):
+            self.report.collateral += 1
+        else:
             self.report.contamination.append(f"{slot.rid} failed: {reason}")
         slot.fault = "collateral"
-        self.report.collateral += 1
 
     def _commit(self, batch: list[tuple[str, list[int]]]) -> None:
         """The sampler accepts the drafts that follow the instance, plus one token."""
