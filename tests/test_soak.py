@@ -49,9 +49,11 @@ FAULTS = {
     "remove mid-step": 1.0,
     "deadline": 0.3,
 }
-HOLDS_A_THREAD = {"deadline": HANG_S, "compile timeout": COMPILE_TIMEOUT_S}
-"""Faults that hold a fill thread for seconds; two at once would starve a 2-thread pool
-(every fill thread held), so the soak injects one at a time."""
+HOLDS_A_THREAD = {"deadline": HANG_S, "compile timeout": 12.0 + 10.0}
+"""Faults that hold a thread for seconds: a hung fill holds a fill thread; a stuck compile
+(12 s) holds a compile thread, and fills of requests compiling behind it wait. During
+either, another deadline step would rightly fail requests without a fault of their own
+(their masks are not ready in time), so the soak injects these one at a time."""
 NEW_REQUEST_FAULTS = (
     "fill",
     "accept",
