@@ -18,6 +18,7 @@ from .errors import (
     CompileTimeoutError,
     GrammarError,
     GrammarMaskError,
+    GrammarTooLargeError,
     InvalidChoiceError,
     InvalidEBNFError,
     InvalidJSONError,
@@ -26,7 +27,7 @@ from .errors import (
     UnsupportedGrammarError,
     VocabularyError,
 )
-from .grammars import Grammar
+from .grammars import Grammar, GrammarLimits
 from .kernels import ApplyError, apply_bitmask
 from .pool import MaskFuture, MatcherPool, RequestState
 from .steps import BatchError, StepMasks
@@ -42,7 +43,9 @@ __all__ = [
     "Grammar",
     "GrammarCompiler",
     "GrammarError",
+    "GrammarLimits",
     "GrammarMaskError",
+    "GrammarTooLargeError",
     "InvalidChoiceError",
     "InvalidEBNFError",
     "InvalidJSONError",

@@ -3,7 +3,9 @@
 outlines-core needs seconds per schema, so compiled grammars are cached by backend + spec +
 options + vocabulary, and a request for a grammar already compiling waits for that same
 compilation instead of starting another. Failures are cached too: a bad spec sent twice
-fails twice at once.
+fails twice at once. The cache is bounded in entries and in bytes (each compiled grammar's
+`memory_bytes`); the least recently used entries go first. Eviction only drops the cache's
+reference: requests already serving a grammar keep it.
 """
 
 from __future__ import annotations
@@ -36,15 +38,21 @@ class GrammarCompiler:
         *,
         threads: int = 2,
         cache_size: int = 256,
+        cache_bytes: int = 1 << 30,
         timeout_s: float = 60.0,
         backends: Mapping[str, Backend] | None = None,
     ) -> None:
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, not {cache_size}")
+        if cache_bytes < 1:
+            raise ValueError(f"cache_bytes must be at least 1, not {cache_bytes}")
         self.vocab = vocab
         self.timeout_s = timeout_s
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
         self._cache: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
+        self._sizes: dict[CacheKey, int] = {}
+        self._bytes = 0
         self._backends: dict[str, Backend] = dict(backends or {})
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-compile")
@@ -58,6 +66,11 @@ class GrammarCompiler:
 
     def submit(self, grammar: Grammar, backend: str = "xgrammar") -> Future[CompiledGrammar]:
         """Start (or join) the compilation of `grammar`; returns at once."""
+        if not isinstance(grammar, Grammar):
+            raise TypeError(
+                f"expected a grammarmask Grammar, not {type(grammar).__name__}; "
+                "build one with Grammar.json_schema(...), .regex(...), .ebnf(...) or .choice(...)"
+            )
         engine = self.backend(backend)
         key: CacheKey = (backend, grammar.key, self.vocab.fingerprint)
         with self._lock:
@@ -65,11 +78,28 @@ class GrammarCompiler:
             if future is not None:
                 self._cache.move_to_end(key)
                 return future
-            future = self._executor.submit(engine.compile, grammar)
+            future = self._executor.submit(self._compile, key, engine, grammar)
             self._cache[key] = future
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._evict()
             return future
+
+    def _compile(self, key: CacheKey, engine: Backend, grammar: Grammar) -> CompiledGrammar:
+        """Compile, then count the bytes before anyone sees the result (failures hold none)."""
+        compiled = engine.compile(grammar)
+        with self._lock:
+            if key in self._cache and key not in self._sizes:
+                self._sizes[key] = compiled.memory_bytes
+                self._bytes += compiled.memory_bytes
+                self._evict()
+        return compiled
+
+    def _evict(self) -> None:
+        """Drop least recently used entries until both bounds hold (lock held)."""
+        while self._cache and (
+            len(self._cache) > self._cache_size or self._bytes > self._cache_bytes
+        ):
+            key, _ = self._cache.popitem(last=False)
+            self._bytes -= self._sizes.pop(key, 0)
 
     def compile(
         self, grammar: Grammar, backend: str = "xgrammar", *, timeout_s: float | None = None
@@ -87,6 +117,11 @@ class GrammarCompiler:
         """Number of cache entries (finished or in flight)."""
         with self._lock:
             return len(self._cache)
+
+    def cached_bytes(self) -> int:
+        """Estimated memory of the finished compiled grammars in the cache."""
+        with self._lock:
+            return self._bytes
 
     def close(self) -> None:
         """Stop the worker threads; compilations in flight are abandoned."""

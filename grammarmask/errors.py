@@ -49,3 +49,8 @@ class CompileError(GrammarError):
 
 class CompileTimeoutError(GrammarError):
     """Compilation did not finish within the allowed time."""
+
+
+class GrammarTooLargeError(GrammarError):
+    """A spec over a size or nesting limit (`GrammarLimits`): bounded before any backend
+    spends memory, threads or Python's recursion limit on it."""

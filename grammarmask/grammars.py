@@ -13,11 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import jsonschema
 from jsonschema.validators import validator_for
 
 from .errors import (
+    GrammarTooLargeError,
     InvalidChoiceError,
     InvalidEBNFError,
     InvalidJSONError,
@@ -33,6 +35,29 @@ DEFAULT_MAX_WHITESPACE = 16
 weak models wander in whitespace for hundreds of tokens."""
 
 
+@dataclass(frozen=True)
+class GrammarLimits:
+    """Bounds checked when a grammar is built, so that one huge or deeply nested spec cannot
+    exhaust a server's memory, its compile threads or Python's recursion limit.
+
+    The defaults admit every MaskBench schema (largest 915 KB, deepest 63 levels); schema
+    validation recurses several Python frames per level and fails near 200 levels.
+    """
+
+    max_source_bytes: int = 1 << 20
+    """Size of the schema (compact JSON, and the text as given), regex, EBNF or choices."""
+    max_depth: int = 100
+    """Nesting of objects and arrays in a JSON Schema document."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_source_bytes", "max_depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+
+
+DEFAULT_LIMITS = GrammarLimits()
+
+
 def json_pointer(path: Iterable[Any]) -> str:
     """RFC 6901 pointer for a path of keys and indices."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
@@ -41,7 +66,7 @@ def json_pointer(path: Iterable[Any]) -> str:
 def _resolve_pointer(document: Any, pointer: str) -> bool:
     node = document
     for raw in pointer.split("/")[1:]:
-        part = raw.replace("~1", "/").replace("~0", "~")
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -51,40 +76,103 @@ def _resolve_pointer(document: Any, pointer: str) -> bool:
     return True
 
 
-def _check_local_refs(schema: Any) -> None:
-    """Every `$ref: "#/..."` must land on something: backends fail obscurely otherwise."""
+def _check_size(what: str, size: int, limits: GrammarLimits) -> None:
+    if size > limits.max_source_bytes:
+        raise GrammarTooLargeError(
+            f"{what}: {size:,} bytes, over the limit of {limits.max_source_bytes:,} "
+            "(GrammarLimits.max_source_bytes)"
+        )
+
+
+def _walk_schema(schema: Any, max_depth: int) -> tuple[list[tuple[str, str]], set[str]]:
+    """One iterative pass (no recursion, cycles end at the depth limit): refuses nesting
+    deeper than `max_depth`; returns the string `$ref`s with their pointers and the anchors."""
+    refs: list[tuple[str, str]] = []
+    anchors: set[str] = set()
     stack: list[tuple[Any, tuple[Any, ...]]] = [(schema, ())]
     while stack:
         node, path = stack.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if (
-                isinstance(ref, str)
-                and ref.startswith("#/")
-                and not _resolve_pointer(schema, ref[1:])
-            ):
-                raise InvalidSchemaError(
-                    f"$ref {ref!r} does not resolve to any part of the schema",
-                    json_pointer((*path, "$ref")),
-                )
-            stack.extend((v, (*path, k)) for k, v in node.items())
-        elif isinstance(node, list):
+        if not isinstance(node, (dict, list)):
+            continue
+        if len(path) >= max_depth:
+            where = json_pointer(path)
+            where = where if len(where) <= 80 else where[:60] + "..." + where[-17:]
+            raise GrammarTooLargeError(
+                f"the schema nests deeper than {max_depth} levels at {where}; "
+                "the limit is GrammarLimits.max_depth"
+            )
+        if isinstance(node, list):
             stack.extend((v, (*path, i)) for i, v in enumerate(node))
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            refs.append((ref, json_pointer((*path, "$ref"))))
+        if isinstance(node.get("$anchor"), str):
+            anchors.add(node["$anchor"])
+        for ident in (node.get("$id"), node.get("id")):  # "#name" ids: drafts 4 to 7
+            if isinstance(ident, str) and ident.startswith("#"):
+                anchors.add(ident[1:])
+        stack.extend((v, (*path, k)) for k, v in node.items())
+    return refs, anchors
 
 
-def _check_schema(schema: Any) -> None:
-    if not isinstance(schema, (dict, bool)):
-        raise InvalidSchemaError(
-            f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}"
+def _check_refs(schema: Any, refs: list[tuple[str, str]], anchors: set[str]) -> None:
+    """Every `$ref` must land inside the schema: backends fetch nothing and fail obscurely."""
+    for ref, pointer in refs:
+        if not ref.startswith("#"):
+            raise InvalidSchemaError(
+                f"$ref {ref!r} points outside the schema; only references inside it "
+                "('#', '#/json/pointer' or '#anchor') can be resolved",
+                pointer,
+            )
+        fragment = ref[1:]
+        found = (
+            _resolve_pointer(schema, fragment)
+            if fragment == "" or fragment.startswith("/")
+            else fragment in anchors
         )
-    validator = validator_for(schema, default=jsonschema.Draft202012Validator)
+        if not found:
+            raise InvalidSchemaError(
+                f"$ref {ref!r} does not resolve to any part of the schema", pointer
+            )
+
+
+def _parse_schema(schema: Mapping[str, Any] | bool | str, limits: GrammarLimits) -> tuple[Any, str]:
+    """(parsed schema, compact JSON source), checked against the limits and the metaschema."""
+    if isinstance(schema, str):
+        _check_size("the schema text", len(schema.encode("utf-8", "surrogatepass")), limits)
+        try:
+            parsed = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidJSONError(
+                f"schema text is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+        except RecursionError:
+            raise GrammarTooLargeError(
+                f"the schema text nests too deep to parse; the limit is {limits.max_depth} "
+                "levels (GrammarLimits.max_depth)"
+            ) from None
+    else:
+        parsed = schema
+    if not isinstance(parsed, (dict, bool)):
+        raise InvalidSchemaError(
+            f"a JSON Schema must be an object or a boolean, not {type(parsed).__name__}"
+        )
+    refs, anchors = _walk_schema(parsed, limits.max_depth)
     try:
-        validator.check_schema(schema)
+        source = json.dumps(parsed, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSchemaError(f"the schema is not plain JSON data: {exc}") from None
+    _check_size("the schema", len(source.encode("utf-8", "surrogatepass")), limits)
+    validator = validator_for(parsed, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(parsed)
     except jsonschema.SchemaError as exc:
         raise InvalidSchemaError(
             f"not a valid JSON Schema: {exc.message}", json_pointer(exc.absolute_path)
         ) from None
-    _check_local_refs(schema)
+    _check_refs(parsed, refs, anchors)
+    return parsed, source
 
 
 def _ebnf_literal(text: str) -> str:
@@ -126,29 +214,15 @@ class Grammar:
         whitespace: Whitespace = "compact",
         strict: bool = False,
         max_whitespace: int = DEFAULT_MAX_WHITESPACE,
+        limits: GrammarLimits = DEFAULT_LIMITS,
     ) -> Grammar:
         """JSON that validates against `schema` (a dict or JSON text).
 
         strict=True treats objects without `additionalProperties` as closed.
         """
-        if isinstance(schema, str):
-            try:
-                parsed = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise InvalidJSONError(
-                    f"schema text is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-                ) from None
-        else:
-            parsed = schema
-        _check_schema(parsed)
+        _, source = _parse_schema(schema, limits)
         _check_whitespace(whitespace, max_whitespace)
-        return cls(
-            "json_schema",
-            json.dumps(parsed, separators=(",", ":"), ensure_ascii=False),
-            whitespace,
-            strict,
-            max_whitespace,
-        )
+        return cls("json_schema", source, whitespace, strict, max_whitespace)
 
     @classmethod
     def json(
@@ -159,10 +233,11 @@ class Grammar:
         return cls("json", "", whitespace, False, max_whitespace)
 
     @classmethod
-    def regex(cls, pattern: str) -> Grammar:
+    def regex(cls, pattern: str, *, limits: GrammarLimits = DEFAULT_LIMITS) -> Grammar:
         """Text fully matching `pattern` (no anchors needed)."""
         if not isinstance(pattern, str):
             raise InvalidRegexError(f"a regex must be a string, not {type(pattern).__name__}")
+        _check_size("the regex", len(pattern.encode("utf-8", "surrogatepass")), limits)
         try:
             re.compile(pattern)
         except re.error as exc:
@@ -170,12 +245,13 @@ class Grammar:
         return cls("regex", pattern)
 
     @classmethod
-    def ebnf(cls, text: str) -> Grammar:
+    def ebnf(cls, text: str, *, limits: GrammarLimits = DEFAULT_LIMITS) -> Grammar:
         """A GBNF-style EBNF grammar whose start rule is `root`."""
         import xgrammar
 
         if not isinstance(text, str) or not text.strip():
             raise InvalidEBNFError("an EBNF grammar must be non-empty text")
+        _check_size("the EBNF grammar", len(text.encode("utf-8", "surrogatepass")), limits)
         try:
             xgrammar.Grammar.from_ebnf(text)
         except RuntimeError as exc:
@@ -183,7 +259,7 @@ class Grammar:
         return cls("ebnf", text)
 
     @classmethod
-    def choice(cls, options: Iterable[str]) -> Grammar:
+    def choice(cls, options: Iterable[str], *, limits: GrammarLimits = DEFAULT_LIMITS) -> Grammar:
         """Exactly one of the given strings."""
         if isinstance(options, str):
             raise InvalidChoiceError("choice takes a list of strings, not one string")
@@ -195,7 +271,9 @@ class Grammar:
                 raise InvalidChoiceError(
                     f"choice option {index} is {option!r}; options must be non-empty strings"
                 )
-        return cls("choice", json.dumps(unique))
+        source = json.dumps(unique)
+        _check_size("the choice options", len(source), limits)
+        return cls("choice", source)
 
     # ------------------------------------------------------------------ views
     @cached_property

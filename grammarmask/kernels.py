@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from .backends.base import words_per_row
 from .errors import GrammarMaskError
 from .steps import StepMasks
 
@@ -17,6 +18,19 @@ class ApplyError(GrammarMaskError, ValueError):
 
 
 def _check(logits: torch.Tensor, masks: StepMasks) -> None:
+    if not isinstance(masks, StepMasks):
+        raise ApplyError(
+            f"masks must be the StepMasks of a fill, not {type(masks).__name__}; "
+            "pass future.wait() or pool.fill(...)"
+        )
+    if not isinstance(logits, torch.Tensor):
+        raise ApplyError(f"logits must be a torch.Tensor, not {type(logits).__name__}")
+    bitmask = masks.bitmask
+    if bitmask.dtype != torch.int32 or bitmask.shape[1:] != (words_per_row(masks.vocab_size),):
+        raise ApplyError(
+            f"the bitmask is {bitmask.dtype} {tuple(bitmask.shape)}; masks for a vocabulary "
+            f"of {masks.vocab_size} need int32 [rows, {words_per_row(masks.vocab_size)}]"
+        )
     if logits.dim() != 2:
         raise ApplyError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
     if logits.dtype not in SUPPORTED_DTYPES:

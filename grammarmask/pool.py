@@ -1,113 +1,128 @@
-"""The matcher pool: per-request grammar state, the step's mask fill, commit, isolation.
+"""The matcher pool: the step's mask fill, commit, isolation, deadlines.
 
 The engine's step, seen from here:
 
     future = pool.fill_async(batch)   # before launching the forward; returns at once
-    ...                               # the forward runs while worker threads fill masks
+    ...                               # the forward runs while workers fill masks
     masks = future.wait()             # just before sampling: joins the CPU work, then
     gm.apply_bitmask(logits, masks)   # the sampler's stream waits on the copy event
     pool.commit(request_id, accepted) # only accepted tokens ever advance a matcher
 
 Every per-request problem (bad grammar, compile timeout, matcher exception, illegal or
-out-of-range token, unknown id) fails that request alone: its rows allow only stop tokens
-and the reason is kept on its state. Only engine-level mistakes (an inconsistent batch
-layout) raise.
+out-of-range token, unknown id, a mask past its deadline, a worker process that died)
+fails that request alone: its rows allow only stop tokens and the reason is kept on its
+state. Only engine-level mistakes (an inconsistent batch layout) raise.
+
+Matchers live in worker threads of this process (isolation="thread", the default) or in
+worker processes (isolation="process", `workers.py`): the same `matchers.py` code fills
+the rows in both, behind the small `_Executor` interface below.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
-from .backends import CompiledGrammar, Matcher, words_per_row
-from .backends.base import fill_stop_only
+from .backends import backend_names, words_per_row
 from .compiler import GrammarCompiler
-from .enforcement import Unenforced
-from .errors import GrammarError, GrammarMaskError
+from .errors import GrammarMaskError
 from .grammars import Grammar
-from .steps import BatchEntry, BatchError, RequestId, StepMasks, StepPlan
+from .matchers import (
+    BackendFactory,
+    Deadline,
+    FillEntry,
+    FillResult,
+    MatcherTable,
+    RequestFault,
+    RequestState,
+    Status,
+    StepFill,
+    StepRun,
+)
+from .steps import DEFAULT_MAX_DRAFTS, BatchEntry, BatchError, RequestId, StepMasks, StepPlan
 from .transfer import CudaOps, DeviceOps, MaskTransfer
 from .vocabulary import Vocabulary
 
-Status = Literal["active", "finished", "failed"]
+__all__ = ["MaskFuture", "MatcherPool", "RequestFault", "RequestState", "Status"]
 
 
-@dataclass(frozen=True)
-class RequestState:
-    """What the engine needs to know about a request after a step."""
+class _Executor(Protocol):
+    """Where the matchers live: threads of this process, or worker processes."""
 
-    request_id: RequestId
-    status: Status
-    reason: str | None = None
-    backend: str | None = None
-    unenforced: tuple[Unenforced, ...] = ()
-    committed: int = 0
+    def add(self, request_id: RequestId, grammar: Grammar, backend: str) -> RequestState: ...
+    def remove(self, request_id: RequestId) -> None: ...
+    def state(self, request_id: RequestId) -> RequestState: ...
+    def commit(self, request_id: RequestId, tokens: Sequence[int]) -> RequestState: ...
+    def begin(self, entries: Sequence[FillEntry]) -> StepRun:
+        """Route a step's entries on the caller's thread (before any later `remove`)."""
 
-
-class RequestFault(Exception):
-    """A problem that fails one request (never raised to the caller)."""
+    def close(self) -> None: ...
 
 
-@dataclass(eq=False)
-class _Request:
-    request_id: RequestId
-    grammar: Grammar | None
-    compiled: Future[CompiledGrammar] | None
-    deadline: float
-    status: Status = "active"
-    reason: str | None = None
-    matcher: Matcher | None = None
-    backend: str | None = None
-    unenforced: tuple[Unenforced, ...] = ()
-    committed: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+class _ThreadExecutor(MatcherTable):
+    """Matchers in this process; `threads` fill threads pull the requests of each step."""
 
-    def snapshot(self) -> RequestState:
-        return RequestState(
-            self.request_id, self.status, self.reason, self.backend, self.unenforced, self.committed
-        )
+    def __init__(
+        self, vocab: Vocabulary, compiler: GrammarCompiler, compile_timeout_s: float, threads: int
+    ) -> None:
+        super().__init__(vocab, compiler, compile_timeout_s)
+        self._threads = threads
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-fill")
 
-    def fail(self, reason: str) -> None:
-        if self.status != "failed":
-            self.status, self.reason = "failed", reason
+    def begin(self, entries: Sequence[FillEntry]) -> StepRun:
+        step = StepFill(self, entries)
+        return lambda slot, host, deadline: step.run(host, deadline, self._executor, self._threads)
+
+    def close(self) -> None:
+        """Does not wait: a fill that hangs past its deadline must not hang `close` too."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class MaskFuture:
     """The masks of one step, being filled; `wait` joins and orders the device stream."""
 
     def __init__(
-        self, work: Future[tuple[StepMasks, Any]], transfer: MaskTransfer, consumer: Any
+        self,
+        work: Future[tuple[StepMasks, Any]],
+        transfer: MaskTransfer,
+        consumer: Any,
+        deadline: Deadline,
     ) -> None:
         self._work = work
         self._transfer = transfer
         self._consumer = consumer
+        self._deadline = deadline
 
     def done(self) -> bool:
         return self._work.done()
 
     def wait(self, timeout: float | None = None) -> StepMasks:
-        """Join the CPU fill, then (on a device) make the consumer stream wait on the copy."""
-        masks: StepMasks = self._transfer.join_then_wait(
-            lambda: self._work.result(timeout=timeout), self._consumer
-        )
+        """Join the CPU fill, then (on a device) make the consumer stream wait on the copy.
+
+        With `timeout`, requests whose masks are not ready `timeout` seconds from now fail
+        alone ("mask deadline exceeded"); the others get their masks.
+        """
+        if timeout is not None:
+            self._deadline.tighten(timeout)
+        masks: StepMasks = self._transfer.join_then_wait(self._work.result, self._consumer)
         return masks
 
 
 class MatcherPool:
-    """Grammar matchers for the requests of one engine, filled on worker threads.
+    """Grammar matchers for the requests of one engine, filled on worker threads or processes.
 
-    `workers` threads fill masks (xgrammar releases the GIL); masks are bit-identical for any
-    worker count and batch order. `max_rows` bounds the rows of one step: the host (and
-    device) mask buffers are allocated once for it, in a ring of `ring_slots` steps.
+    `workers` threads (isolation="thread") or processes (isolation="process") fill masks;
+    masks are bit-identical for any worker count, batch order and isolation. `max_rows`
+    bounds the rows of one step: the host (and device) mask buffers are allocated once for
+    it, in a ring of `ring_slots` steps (in shared memory with process isolation).
+    `backend_factory` adds backends by name (built in each worker process; `compiler`, a
+    ready compiler, works with threads only).
     """
 
     def __init__(
@@ -120,38 +135,67 @@ class MatcherPool:
         *,
         max_rows: int = 1024,
         ring_slots: int = 2,
+        max_drafts: int = DEFAULT_MAX_DRAFTS,
         compile_timeout_s: float = 60.0,
         compiler: GrammarCompiler | None = None,
+        backend_factory: BackendFactory | None = None,
         device_ops: DeviceOps | None = None,
     ) -> None:
-        if isolation != "thread":
-            raise ValueError(f"isolation={isolation!r} is not available yet; use 'thread'")
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"isolation must be 'thread' or 'process', not {isolation!r}")
         self.vocab = vocab
         self.backend = backend
+        self.isolation = isolation
         self.workers = workers if workers is not None else min(4, os.cpu_count() or 1)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if max_drafts < 0:
+            raise ValueError(f"max_drafts must be at least 0, not {max_drafts}")
+        self.max_drafts = max_drafts
         self.compile_timeout_s = compile_timeout_s
-        self._owns_compiler = compiler is None
-        self._compiler = compiler or GrammarCompiler(vocab, timeout_s=compile_timeout_s)
-        self._compiler.backend(backend)  # fail now on an unknown or missing backend
         self._words = words_per_row(vocab.size)
         if device_ops is None and device is not None and torch.device(device).type == "cuda":
             device_ops = CudaOps(torch.device(device))
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots)
-        self._requests: dict[RequestId, _Request] = {}
-        self._lock = threading.Lock()
+        self._executor: _Executor
+        if isolation == "process":
+            if compiler is not None:
+                raise ValueError(
+                    "a compiler cannot move into worker processes; pass backend_factory"
+                )
+            if backend_factory is None and backend not in backend_names():
+                raise GrammarMaskError(
+                    f"unknown backend {backend!r}; choose from {', '.join(backend_names())}"
+                )
+            from .workers import ProcessExecutor, SharedRing
+
+            ring = SharedRing(ring_slots, max_rows, self._words, pinned=device_ops is not None)
+            self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots, ring.host)
+            try:
+                self._executor = ProcessExecutor(
+                    vocab, self.workers, ring, compile_timeout_s, backend_factory
+                )
+            except BaseException:
+                ring.close()
+                raise
+            self._owned_compiler: GrammarCompiler | None = None
+        else:
+            self._owned_compiler = (
+                None
+                if compiler is not None
+                else GrammarCompiler(
+                    vocab,
+                    timeout_s=compile_timeout_s,
+                    backends=backend_factory(vocab) if backend_factory is not None else None,
+                )
+            )
+            chosen = compiler or self._owned_compiler
+            assert chosen is not None
+            chosen.backend(backend)  # fail now on an unknown or missing backend
+            self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots)
+            self._executor = _ThreadExecutor(vocab, chosen, compile_timeout_s, self.workers)
         self._coordinator = ThreadPoolExecutor(1, thread_name_prefix="grammarmask-step")
-        self._helpers = (
-            ThreadPoolExecutor(self.workers - 1, thread_name_prefix="grammarmask-fill")
-            if self.workers > 1
-            else None
-        )
         self._step = 0
-        self._last_step: Future[tuple[StepMasks, Any]] | None = None
-        self._stop_row = torch.zeros(1, self._words, dtype=torch.int32)
-        fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
 
     # ------------------------------------------------------------------ requests
     def add(
@@ -159,65 +203,15 @@ class MatcherPool:
     ) -> RequestState:
         """Register a request; its grammar compiles in the background on `backend`
         (default: the pool's)."""
-        backend = backend or self.backend
-        with self._lock:
-            if request_id in self._requests:
-                raise GrammarMaskError(f"request {request_id!r} is already in the pool")
-            request = _Request(
-                request_id,
-                grammar,
-                self._compiler.submit(grammar, backend),
-                time.monotonic() + self.compile_timeout_s,
-                backend=backend,
-            )
-            self._requests[request_id] = request
-        return request.snapshot()
+        return self._executor.add(request_id, grammar, backend or self.backend)
 
     def remove(self, request_id: RequestId) -> None:
-        """Forget a request (finished, failed or cancelled); unknown ids are ignored."""
-        with self._lock:
-            self._requests.pop(request_id, None)
+        """Forget a request (finished, failed or cancelled); unknown ids are ignored. A step
+        already started still fills it."""
+        self._executor.remove(request_id)
 
     def state(self, request_id: RequestId) -> RequestState:
-        with self._lock:
-            request = self._requests.get(request_id)
-        if request is None:
-            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
-        with request.lock:
-            return request.snapshot()
-
-    def _lookup(self, request_id: RequestId) -> _Request:
-        with self._lock:
-            request = self._requests.get(request_id)
-            if request is None:
-                request = _Request(request_id, None, None, 0.0)
-                self._requests[request_id] = request
-            return request
-
-    def _ready_matcher(self, request: _Request) -> Matcher | None:
-        """The request's matcher, waiting for its compilation up to its deadline."""
-        if request.status == "failed":
-            return None
-        if request.matcher is not None:
-            return request.matcher
-        if request.compiled is None:
-            request.fail(
-                f"unknown request id {request.request_id!r}: add() it before its first step"
-            )
-            return None
-        try:
-            compiled = request.compiled.result(
-                timeout=max(0.0, request.deadline - time.monotonic())
-            )
-        except FutureTimeout:
-            request.fail(f"grammar compilation did not finish within {self.compile_timeout_s:g} s")
-            return None
-        except GrammarError as exc:
-            request.fail(f"grammar error: {exc}")
-            return None
-        request.unenforced = compiled.unenforced
-        request.matcher = compiled.matcher()
-        return request.matcher
+        return self._executor.state(request_id)
 
     # ------------------------------------------------------------------ step
     def fill(
@@ -226,10 +220,12 @@ class MatcherPool:
         *,
         row_indices: Sequence[Sequence[int]] | None = None,
         num_rows: int | None = None,
+        deadline_s: float | None = None,
     ) -> StepMasks:
-        """Masks for one step, synchronously (see `fill_async`). With no asynchronous step in
-        flight the step runs on the calling thread: no handoff to a sleeping thread."""
-        return self._start(batch, row_indices, num_rows, inline=True).wait()
+        """Masks for one step, synchronously (see `fill_async`)."""
+        return self.fill_async(
+            batch, row_indices=row_indices, num_rows=num_rows, deadline_s=deadline_s
+        ).wait()
 
     def fill_async(
         self,
@@ -237,88 +233,53 @@ class MatcherPool:
         *,
         row_indices: Sequence[Sequence[int]] | None = None,
         num_rows: int | None = None,
+        deadline_s: float | None = None,
     ) -> MaskFuture:
         """Start filling the masks of one step and return at once.
 
         Each entry is (request id or None for a request without grammar, its draft tokens).
         Call it after the previous step's commits; call `wait()` right before sampling.
+        A request whose rows are not filled within `deadline_s` fails alone ("mask deadline
+        exceeded"); with process isolation the time counts from when its worker takes the
+        step up, so a worker's restart does not eat into it.
         """
-        return self._start(batch, row_indices, num_rows, inline=False)
-
-    def _start(
-        self,
-        batch: Sequence[BatchEntry],
-        row_indices: Sequence[Sequence[int]] | None,
-        num_rows: int | None,
-        *,
-        inline: bool,
-    ) -> MaskFuture:
-        plan = StepPlan.build(batch, row_indices, num_rows)
+        plan = StepPlan.build(batch, row_indices, num_rows, max_drafts=self.max_drafts)
         if plan.num_rows > self._transfer.rows:
             raise BatchError(
                 f"the step has {plan.num_rows} rows; "
                 f"the pool was built for max_rows={self._transfer.rows}"
             )
-        requests = [None if rid is None else self._lookup(rid) for rid in plan.request_ids]
+        deadline = Deadline(deadline_s)
         self._step += 1
         consumer = self._transfer.consumer_stream()
-        if all(r is None for r in requests):
-            masks = self._masks(plan, self._transfer.device_view(0, plan.num_rows), [], (), {})
+        entries = [
+            FillEntry(index, rid, plan.drafts[index], plan.rows[index])
+            for index, rid in enumerate(plan.request_ids)
+            if rid is not None
+        ]
+        if not entries:
+            masks = self._masks(plan, self._transfer.device_view(0, plan.num_rows), FillResult())
             done: Future[tuple[StepMasks, Any]] = Future()
             done.set_result((masks, None))
-            return MaskFuture(done, self._transfer, consumer)
-        if inline and (self._last_step is None or self._last_step.done()):
-            work: Future[tuple[StepMasks, Any]] = Future()
-            try:
-                work.set_result(self._run_step(plan, requests, consumer))
-            except BaseException as exc:  # surfaces at wait(), as from the coordinator
-                work.set_exception(exc)
-        else:
-            work = self._coordinator.submit(self._run_step, plan, requests, consumer)
-        self._last_step = work
-        return MaskFuture(work, self._transfer, consumer)
+            return MaskFuture(done, self._transfer, consumer, deadline)
+        run = self._executor.begin(entries)
+        work = self._coordinator.submit(self._run_step, plan, run, deadline, consumer)
+        return MaskFuture(work, self._transfer, consumer, deadline)
 
     def _run_step(
-        self, plan: StepPlan, requests: list[_Request | None], consumer: Any
+        self, plan: StepPlan, run: StepRun, deadline: Deadline, consumer: Any
     ) -> tuple[StepMasks, Any]:
         started = time.perf_counter()
         slot, host = self._transfer.acquire()
-        entries = [i for i, r in enumerate(requests) if r is not None]
-        valid = [0] * len(requests)
-        failures: dict[RequestId, str] = {}
-        chunks = _balanced_chunks(entries, [len(plan.rows[i]) for i in entries], self.workers)
-
-        def fill_chunk(chunk: list[int]) -> None:
-            for index in chunk:
-                request = requests[index]
-                assert request is not None
-                valid[index], failure = self._fill_request(
-                    request, plan.drafts[index], plan.rows[index], host
-                )
-                if failure is not None:
-                    failures[request.request_id] = failure
-
-        helpers = [self._helpers.submit(fill_chunk, c) for c in chunks[1:]] if self._helpers else []
-        if not self._helpers:
-            for chunk in chunks[1:]:
-                fill_chunk(chunk)
-        fill_chunk(chunks[0] if chunks else [])
-        for helper in helpers:
-            helper.result()
+        result = run(slot, host, deadline)
         bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
-        grammar_rows = [row for i in entries for row in plan.rows[i]]
-        masks = self._masks(plan, bitmask, grammar_rows, tuple(valid), failures)
+        masks = self._masks(plan, bitmask, result)
         return dataclasses.replace(masks, fill_seconds=time.perf_counter() - started), event
 
-    def _masks(
-        self,
-        plan: StepPlan,
-        bitmask: torch.Tensor,
-        grammar_rows: list[int],
-        valid: tuple[int, ...],
-        failures: dict[RequestId, str],
-    ) -> StepMasks:
+    def _masks(self, plan: StepPlan, bitmask: torch.Tensor, result: FillResult) -> StepMasks:
         row_to_request, local_step, is_verify = plan.layout()
+        entries = zip(plan.request_ids, plan.rows, strict=True)
+        grammar_rows = [row for rid, rows in entries if rid is not None for row in rows]
         has_grammar = torch.zeros(plan.num_rows, dtype=torch.bool)
         has_grammar[grammar_rows] = True
         return StepMasks(
@@ -330,120 +291,26 @@ class MatcherPool:
             is_verify=is_verify,
             request_ids=plan.request_ids,
             rows=plan.rows,
-            valid_rows=valid or (0,) * len(plan.request_ids),
+            valid_rows=tuple(result.valid.get(i, 0) for i in range(len(plan.request_ids))),
             vocab_size=self.vocab.size,
             step=self._step,
-            failures=failures,
+            failures=result.failures,
         )
-
-    def _fill_request(
-        self, request: _Request, drafts: tuple[int, ...], rows: tuple[int, ...], host: torch.Tensor
-    ) -> tuple[int, str | None]:
-        """Fill one request's rows; returns (valid rows, failure reason if it failed now)."""
-        with request.lock:
-            was_failed = request.status == "failed"
-            matcher = None if request.status == "finished" else self._ready_matcher(request)
-            if matcher is None:
-                host[list(rows)] = self._stop_row
-                failed_now = request.status == "failed" and not was_failed
-                return 1, (request.reason if failed_now else None)
-            try:
-                for draft in drafts:
-                    self._check_token(draft, "draft")
-                accepted = matcher.fill_drafts(host, rows, drafts)
-            except Exception as exc:  # isolation: whatever one matcher does stays with it
-                request.fail(_fault_reason(exc, "while filling the step's masks"))
-                host[list(rows)] = self._stop_row
-                return 1, request.reason
-            for dont_care in rows[accepted + 1 :]:
-                host[dont_care].copy_(host[rows[accepted]])
-            return accepted + 1, None
-
-    def _check_token(self, token_id: int, kind: str) -> None:
-        if not 0 <= token_id < self.vocab.size:
-            raise RequestFault(
-                f"{kind} token id {token_id} is outside the vocabulary [0, {self.vocab.size})"
-            )
 
     # ------------------------------------------------------------------ commit
     def commit(self, request_id: RequestId, accepted_tokens: Sequence[int]) -> RequestState:
         """Advance a request by the tokens the sampler accepted; never raises for the request."""
-        with self._lock:
-            request = self._requests.get(request_id)
-        if request is None:
-            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
-        with request.lock:
-            if request.status == "failed":
-                return request.snapshot()
-            stops = self.vocab.stop_token_ids
-            if request.status == "finished":
-                late = [t for t in accepted_tokens if t not in stops]
-                if late:
-                    request.fail(f"token {late[0]} committed after the request finished")
-                return request.snapshot()
-            matcher = self._ready_matcher(request)
-            if matcher is None:
-                return request.snapshot()
-            try:
-                self._advance(request, matcher, accepted_tokens)
-            except Exception as exc:  # isolation, as in fill
-                request.fail(_fault_reason(exc, "while committing tokens"))
-            return request.snapshot()
-
-    def _advance(self, request: _Request, matcher: Matcher, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            if request.status == "finished":
-                if token not in self.vocab.stop_token_ids:
-                    raise RequestFault(f"token {token} committed after the stop token")
-                continue
-            self._check_token(token, "committed")
-            if not matcher.accept(token):
-                raise RequestFault(
-                    f"committed token {token} ({self.vocab.token_name(token)!r}) is not allowed by "
-                    f"the grammar after {request.committed} tokens"
-                )
-            request.committed += 1
-            if matcher.is_terminated():
-                request.status, request.reason = "finished", "stop token"
-        if request.status == "active" and matcher.can_stop() and self._only_stop_allowed(matcher):
-            request.status, request.reason = "finished", "grammar complete"
-
-    def _only_stop_allowed(self, matcher: Matcher) -> bool:
-        row = torch.zeros(1, self._words, dtype=torch.int32)
-        matcher.fill(row, 0)
-        return torch.equal(row, self._stop_row)
+        return self._executor.commit(request_id, accepted_tokens)
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         self._coordinator.shutdown(wait=True)
-        if self._helpers is not None:
-            self._helpers.shutdown(wait=True)
-        if self._owns_compiler:
-            self._compiler.close()
+        self._executor.close()
+        if self._owned_compiler is not None:
+            self._owned_compiler.close()
 
     def __enter__(self) -> MatcherPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _fault_reason(exc: BaseException, where: str) -> str:
-    if isinstance(exc, RequestFault):
-        return str(exc)
-    return f"matcher error {where}: {type(exc).__name__}: {exc}"
-
-
-def _balanced_chunks(items: list[int], weights: list[int], parts: int) -> list[list[int]]:
-    """Split `items` into at most `parts` contiguous runs of similar total weight."""
-    if not items:
-        return []
-    parts = min(parts, len(items))
-    total = sum(weights)
-    chunks: list[list[int]] = [[] for _ in range(parts)]
-    running = 0
-    for item, weight in zip(items, weights, strict=True):
-        index = min(parts - 1, running * parts // max(total, 1))
-        chunks[index].append(item)
-        running += weight
-    return [c for c in chunks if c]

@@ -8,7 +8,8 @@ layout passes explicit row indices, and the masks land where its logits rows are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,10 @@ from .errors import GrammarMaskError
 RequestId = str
 BatchEntry = tuple[RequestId | None, Sequence[int]]
 """(request id, draft tokens); a None id is a request without a grammar."""
+
+DEFAULT_MAX_DRAFTS = 16
+"""Drafts one entry may carry per step: an engine's speculation depth is configured, and a
+longer list is a layout mistake, not something to fill rows for."""
 
 
 class BatchError(GrammarMaskError, ValueError):
@@ -39,10 +44,18 @@ class StepPlan:
         batch: Sequence[BatchEntry],
         row_indices: Sequence[Sequence[int]] | None = None,
         num_rows: int | None = None,
+        *,
+        max_drafts: int = DEFAULT_MAX_DRAFTS,
     ) -> StepPlan:
+        drafts = tuple(_draft_ids(index, entry, max_drafts) for index, entry in enumerate(batch))
         request_ids = tuple(entry[0] for entry in batch)
-        drafts = tuple(tuple(int(t) for t in entry[1]) for entry in batch)
         named = [r for r in request_ids if r is not None]
+        for index, request_id in enumerate(request_ids):
+            if not isinstance(request_id, Hashable):
+                raise BatchError(
+                    f"batch entry {index} has request id {request_id!r}, which cannot be an id "
+                    "(not hashable); use the string given to add()"
+                )
         if len(set(named)) != len(named):
             duplicate = next(r for r in named if named.count(r) > 1)
             raise BatchError(f"request {duplicate!r} appears twice in one batch")
@@ -89,6 +102,29 @@ class StepPlan:
             torch.tensor(local_step, dtype=torch.int32),
             torch.tensor(is_verify, dtype=torch.bool),
         )
+
+
+def _draft_ids(index: int, entry: BatchEntry, max_drafts: int) -> tuple[int, ...]:
+    """An entry's drafts as token ids; anything that is not an integer is refused rather
+    than truncated (int(2.7) would silently try token 2)."""
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+        raise BatchError(f"batch entry {index} must be a (request id, drafts) pair, not {entry!r}")
+    drafts = entry[1]
+    if len(drafts) > max_drafts:
+        raise BatchError(
+            f"batch entry {index} has {len(drafts)} drafts; the pool is configured for at most "
+            f"max_drafts={max_drafts}"
+        )
+    ids = []
+    for draft in drafts:
+        try:
+            ids.append(operator.index(draft))
+        except TypeError:
+            raise BatchError(
+                f"batch entry {index} has draft {draft!r} ({type(draft).__name__}); "
+                "drafts must be integer token ids"
+            ) from None
+    return tuple(ids)
 
 
 @dataclass(frozen=True)

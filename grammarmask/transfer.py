@@ -80,18 +80,26 @@ class CudaOps:
 class MaskTransfer:
     """A ring of host slots (and device slots) for the masks of consecutive steps."""
 
-    def __init__(self, ops: DeviceOps | None, rows: int, words: int, slots: int = 2) -> None:
+    def __init__(
+        self,
+        ops: DeviceOps | None,
+        rows: int,
+        words: int,
+        slots: int = 2,
+        host: list[torch.Tensor] | None = None,
+    ) -> None:
+        """`host`: ready host slots (shared memory for worker processes, pinned on a device)."""
         if slots < 2:
             raise ValueError(f"the ring needs at least 2 slots to overlap steps, not {slots}")
         self._ops = ops
         self.rows = rows
         if ops is None:
-            self._host = [torch.zeros(rows, words, dtype=torch.int32) for _ in range(slots)]
+            self._host = host or [torch.zeros(rows, words, dtype=torch.int32) for _ in range(slots)]
             self._device = self._host
             self._copied: list[Any] = [None] * slots
             self._side: Any = None
         else:
-            self._host = [ops.alloc_host(rows, words) for _ in range(slots)]
+            self._host = host or [ops.alloc_host(rows, words) for _ in range(slots)]
             self._device = [ops.alloc_device(rows, words) for _ in range(slots)]
             self._copied = [ops.new_event() for _ in range(slots)]
             self._side = ops.new_stream()

@@ -103,7 +103,14 @@ class Vocabulary:
                 raise VocabularyError(
                     f"special token id {token_id} is outside the token table [0, {n_tokens})"
                 )
-        specials.update(i for i, b in enumerate(token_bytes) if b is None)
+        for token_id, token in enumerate(token_bytes):
+            if token is None:
+                specials.add(token_id)
+            elif not isinstance(token, bytes):
+                raise VocabularyError(
+                    f"token {token_id} is {type(token).__name__} {token!r}; token bytes must be "
+                    "bytes (or None for a token without text)"
+                )
         specials.update(stops)
         self._bytes: tuple[bytes, ...] = tuple(
             b"" if i in specials else bytes(b or b"") for i, b in enumerate(token_bytes)
@@ -253,6 +260,15 @@ class Vocabulary:
             )
         added = data.get("added_tokens", [])
         ids = [*vocab.values(), *(a["id"] for a in added)]
+        bad = [i for i in ids if not isinstance(i, int) or i < 0]
+        if bad:
+            raise VocabularyError(f"token id {bad[0]!r} is not a non-negative integer")
+        first_piece: dict[int, str] = {}
+        for piece, token_id in vocab.items():
+            if first_piece.setdefault(token_id, piece) != piece:
+                raise VocabularyError(
+                    f"token id {token_id} is given to both {first_piece[token_id]!r} and {piece!r}"
+                )
         table: list[bytes | None] = [None] * (max(ids) + 1)
         added_ids = {a["id"] for a in added}
         for piece, token_id in vocab.items():

@@ -94,3 +94,15 @@ def accepts_all(matcher: gm.Matcher, token_ids: list[int]) -> bool:
     complete = accepted == len(token_ids) and matcher.can_stop()
     matcher.rollback(accepted)
     return complete
+
+
+def bundled_examples(
+    names: list[str], encode: Callable[[str], list[int]]
+) -> dict[str, tuple[gm.Grammar, list[int]]]:
+    """Each named bundled schema with the token ids of its first example (compact JSON)."""
+    out = {}
+    for name in names:
+        schema = bundled_schema(name)
+        text = json.dumps(schema["examples"][0], separators=(",", ":"), ensure_ascii=False)
+        out[name] = (gm.Grammar.json_schema(schema), encode(text))
+    return out

@@ -1,7 +1,13 @@
-"""A backend wrapper that makes chosen matchers fail, for isolation tests."""
+"""A backend wrapper that makes chosen matchers fail, for isolation tests.
+
+Faults "segv", "abort" (in fill) and "segv compile" kill the process they run in: use them
+only with isolation="process". "hang" makes fill sleep HANG_S seconds (deadline tests).
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import torch
@@ -17,6 +23,8 @@ class FaultyMatcher(gm.Matcher):
     def _maybe_raise(self, where: str) -> None:
         if self._fault == where:
             raise RuntimeError(f"injected fault in {where}")
+        if where == "fill":
+            _maybe_crash(self._fault)
 
     def accept(self, token_id: int) -> bool:
         self._maybe_raise("accept")
@@ -55,6 +63,10 @@ class FaultyBackend(gm.Backend):
     def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
         if self._fault == "slow compile":
             time.sleep(2.0)
+        if self._fault == "stuck compile":
+            time.sleep(12.0)
+        if self._fault == "segv compile":
+            os.kill(os.getpid(), signal.SIGSEGV)
         compiled = self._inner.compile(grammar)
         return gm.CompiledGrammar(
             self.name,
@@ -65,13 +77,30 @@ class FaultyBackend(gm.Backend):
         )
 
 
-FAULTS = ("fill", "accept", "rollback", "slow compile")
+HANG_S = 3.0
+FAULTS = ("fill", "accept", "rollback", "slow compile", "stuck compile", "hang")
+CRASHES = ("segv", "abort", "segv compile")
+
+
+def _maybe_crash(fault: str) -> None:
+    if fault == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif fault == "abort":
+        os.abort()
+    elif fault == "hang":
+        time.sleep(HANG_S)
+
+
+def faulty_backends(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
+    """'xgrammar' plus one 'faulty-<kind>' backend per fault kind; picklable by reference, so
+    a process pool builds them in each worker (`backend_factory=faulty_backends`)."""
+    inner = gm.create_backend("xgrammar", vocab)
+    backends: dict[str, gm.Backend] = {"xgrammar": inner}
+    for fault in FAULTS + CRASHES:
+        backends[f"faulty-{fault}"] = FaultyBackend(inner, fault, f"faulty-{fault}")
+    return backends
 
 
 def faulty_compiler(vocab: gm.Vocabulary, compile_timeout_s: float = 60.0) -> gm.GrammarCompiler:
-    """A compiler with 'xgrammar' plus one 'faulty-<kind>' backend per fault kind."""
-    inner = gm.create_backend("xgrammar", vocab)
-    backends: dict[str, gm.Backend] = {"xgrammar": inner}
-    for fault in FAULTS:
-        backends[f"faulty-{fault}"] = FaultyBackend(inner, fault, f"faulty-{fault}")
-    return gm.GrammarCompiler(vocab, backends=backends, timeout_s=compile_timeout_s)
+    """A compiler with the backends of `faulty_backends`."""
+    return gm.GrammarCompiler(vocab, backends=faulty_backends(vocab), timeout_s=compile_timeout_s)

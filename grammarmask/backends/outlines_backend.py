@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Any
 
@@ -12,6 +13,10 @@ from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, set_token_bits
+
+_INDEX_MEMORY_PER_SERIALIZED_BYTE = 3
+"""An Index gives no size; its in-memory transition maps held 2.7x its serialized form
+(RSS retained by three email-regex indexes on the DeepSeek vocabulary, 12.4 MB vs 4.6 MB)."""
 
 
 class OutlinesMatcher(Matcher):
@@ -134,4 +139,5 @@ class OutlinesBackend(Backend):
             unenforced,
             elapsed,
             lambda: OutlinesMatcher(index, self.vocab, self._max_rollback),
+            memory_bytes=_INDEX_MEMORY_PER_SERIALIZED_BYTE * len(pickle.dumps(index)),
         )

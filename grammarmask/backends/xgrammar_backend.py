@@ -199,4 +199,5 @@ class XGrammarBackend(Backend):
             unenforced,
             elapsed,
             lambda: XGrammarMatcher(compiled, stops, token_filter),
+            memory_bytes=int(compiled.memory_size_bytes),
         )

@@ -1,0 +1,388 @@
+"""Per-request matcher state, and one step's fill on threads, with per-request isolation.
+
+The pool runs this in its own process (thread isolation) and every worker process runs it
+too (process isolation): the same code decides every row and every failure reason in both
+modes, which is what keeps their masks bit-identical.
+
+A step's rows are filled into a private scratch buffer per request and copied into the
+step's host slot only while the step still waits for them: a fill that comes back after
+the step's deadline is dropped, never written into a slot that a later step owns.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from .backends import Backend, CompiledGrammar, Matcher, words_per_row
+from .backends.base import fill_stop_only
+from .compiler import GrammarCompiler
+from .enforcement import Unenforced
+from .errors import GrammarError, GrammarMaskError
+from .grammars import Grammar
+from .steps import RequestId
+from .vocabulary import Vocabulary
+
+Status = Literal["active", "finished", "failed"]
+DEADLINE_REASON = "mask deadline exceeded"
+
+BackendFactory = Callable[[Vocabulary], Mapping[str, Backend]]
+"""Extra backends by name, built from the pool's vocabulary (in each worker process, so a
+picklable function: a module-level one)."""
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """What the engine needs to know about a request after a step."""
+
+    request_id: RequestId
+    status: Status
+    reason: str | None = None
+    backend: str | None = None
+    unenforced: tuple[Unenforced, ...] = ()
+    committed: int = 0
+
+
+class RequestFault(Exception):
+    """A problem that fails one request (never raised to the caller)."""
+
+
+@dataclass(frozen=True)
+class FillEntry:
+    """One request's share of a step: its batch position, drafts and logits rows."""
+
+    index: int
+    request_id: RequestId
+    drafts: tuple[int, ...]
+    rows: tuple[int, ...]
+
+
+@dataclass
+class FillResult:
+    """Valid rows per batch position, and the requests that failed during this step."""
+
+    valid: dict[int, int] = field(default_factory=dict)
+    failures: dict[RequestId, str] = field(default_factory=dict)
+
+
+class Deadline:
+    """When a step must be done; `wait(timeout=...)` may bring it forward while it runs."""
+
+    def __init__(self, seconds: float | None) -> None:
+        if seconds is not None and seconds <= 0:
+            raise ValueError(f"deadline_s must be positive, not {seconds}")
+        self.condition = threading.Condition()
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def tighten(self, seconds: float) -> None:
+        with self.condition:
+            at = time.monotonic() + max(0.0, seconds)
+            self.at = at if self.at is None else min(self.at, at)
+            self.condition.notify_all()
+
+    def remaining(self) -> float | None:
+        return None if self.at is None else self.at - time.monotonic()
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: RequestId
+    grammar: Grammar | None
+    compiled: Future[CompiledGrammar] | None
+    deadline: float
+    status: Status = "active"
+    reason: str | None = None
+    matcher: Matcher | None = None
+    backend: str | None = None
+    unenforced: tuple[Unenforced, ...] = ()
+    committed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def snapshot(self) -> RequestState:
+        return RequestState(
+            self.request_id, self.status, self.reason, self.backend, self.unenforced, self.committed
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    def fail(self, reason: str) -> None:
+        """Lock-free on purpose: a step past its deadline fails a request whose fill hangs
+        while holding the lock (the reason is set before the status, which readers check)."""
+        if self.status != "failed":
+            self.reason = reason
+            self.status = "failed"
+
+
+class MatcherTable:
+    """The requests of one pool (or of one worker process) and their matchers."""
+
+    def __init__(self, vocab: Vocabulary, compiler: GrammarCompiler, compile_timeout_s: float):
+        self.vocab = vocab
+        self.compile_timeout_s = compile_timeout_s
+        self._compiler = compiler
+        self._words = words_per_row(vocab.size)
+        self._requests: dict[RequestId, _Request] = {}
+        self._lock = threading.Lock()
+        self.stop_row = torch.zeros(1, self._words, dtype=torch.int32)
+        fill_stop_only(self.stop_row, 0, vocab.stop_token_ids)
+
+    def add(
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        backend: str,
+        compile_timeout_s: float | None = None,
+    ) -> RequestState:
+        """`compile_timeout_s` overrides the table's (a replay of a grammar known to compile)."""
+        timeout = self.compile_timeout_s if compile_timeout_s is None else compile_timeout_s
+        with self._lock:
+            if request_id in self._requests:
+                raise GrammarMaskError(f"request {request_id!r} is already in the pool")
+            request = _Request(
+                request_id,
+                grammar,
+                self._compiler.submit(grammar, backend),
+                time.monotonic() + timeout,
+                backend=backend,
+            )
+            self._requests[request_id] = request
+        return request.snapshot()
+
+    def add_failed(self, request_id: RequestId, backend: str, reason: str) -> None:
+        """Register a request that cannot run (a worker process could not add it)."""
+        request = _Request(request_id, None, None, 0.0, backend=backend)
+        request.fail(reason)
+        with self._lock:
+            self._requests[request_id] = request
+
+    def remove(self, request_id: RequestId) -> None:
+        with self._lock:
+            self._requests.pop(request_id, None)
+
+    def state(self, request_id: RequestId) -> RequestState:
+        with self._lock:
+            request = self._requests.get(request_id)
+        if request is None:
+            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+        return request.snapshot()
+
+    def lookup(self, request_id: RequestId) -> _Request:
+        """The request; an unknown id gets a record that fails on its first step."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None:
+                request = _Request(request_id, None, None, 0.0)
+                self._requests[request_id] = request
+            return request
+
+    def _ready_matcher(self, request: _Request) -> Matcher | None:
+        """The request's matcher, waiting for its compilation up to its deadline."""
+        if request.status == "failed":
+            return None
+        if request.matcher is not None:
+            return request.matcher
+        if request.compiled is None:
+            request.fail(
+                f"unknown request id {request.request_id!r}: add() it before its first step"
+            )
+            return None
+        try:
+            compiled = request.compiled.result(
+                timeout=max(0.0, request.deadline - time.monotonic())
+            )
+        except FutureTimeout:
+            request.fail(f"grammar compilation did not finish within {self.compile_timeout_s:g} s")
+            return None
+        except GrammarError as exc:
+            request.fail(f"grammar error: {exc}")
+            return None
+        request.unenforced = compiled.unenforced
+        request.matcher = compiled.matcher()
+        return request.matcher
+
+    # ------------------------------------------------------------------ fill
+    def fill_scratch(
+        self, request: _Request, entry: FillEntry
+    ) -> tuple[torch.Tensor, int, str | None]:
+        """One request's rows in a private buffer: (rows, valid rows, reason if it failed now)."""
+        scratch = torch.empty(len(entry.rows), self._words, dtype=torch.int32)
+        if request.failed:  # checked before the lock: a late fill may hold it
+            scratch[:] = self.stop_row
+            return scratch, 1, None
+        with request.lock:
+            matcher = None if request.status == "finished" else self._ready_matcher(request)
+            if matcher is None:
+                scratch[:] = self.stop_row
+                return scratch, 1, (request.reason if request.failed else None)
+            try:
+                for draft in entry.drafts:
+                    self._check_token(draft, "draft")
+                accepted = matcher.fill_drafts(scratch, range(len(entry.rows)), entry.drafts)
+            except Exception as exc:  # isolation: whatever one matcher does stays with it
+                request.fail(_fault_reason(exc, "while filling the step's masks"))
+                scratch[:] = self.stop_row
+                return scratch, 1, request.reason
+            scratch[accepted + 1 :] = scratch[accepted]
+            return scratch, accepted + 1, None
+
+    def _check_token(self, token_id: int, kind: str) -> None:
+        if not 0 <= token_id < self.vocab.size:
+            raise RequestFault(
+                f"{kind} token id {token_id} is outside the vocabulary [0, {self.vocab.size})"
+            )
+
+    # ------------------------------------------------------------------ commit
+    def commit(self, request_id: RequestId, accepted_tokens: Sequence[int]) -> RequestState:
+        """Advance a request by the tokens the sampler accepted; never raises for the request."""
+        with self._lock:
+            request = self._requests.get(request_id)
+        if request is None:
+            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+        if request.failed:  # before the lock, as in fill_scratch
+            return request.snapshot()
+        with request.lock:
+            stops = self.vocab.stop_token_ids
+            if request.status == "finished":
+                late = [t for t in accepted_tokens if t not in stops]
+                if late:
+                    request.fail(f"token {late[0]} committed after the request finished")
+                return request.snapshot()
+            matcher = self._ready_matcher(request)
+            if matcher is None:
+                return request.snapshot()
+            try:
+                self._advance(request, matcher, accepted_tokens)
+            except Exception as exc:  # isolation, as in fill
+                request.fail(_fault_reason(exc, "while committing tokens"))
+            return request.snapshot()
+
+    def _advance(self, request: _Request, matcher: Matcher, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            if request.status == "finished":
+                if token not in self.vocab.stop_token_ids:
+                    raise RequestFault(f"token {token} committed after the stop token")
+                continue
+            self._check_token(token, "committed")
+            if not matcher.accept(token):
+                raise RequestFault(
+                    f"committed token {token} ({self.vocab.token_name(token)!r}) is not allowed by "
+                    f"the grammar after {request.committed} tokens"
+                )
+            request.committed += 1
+            if matcher.is_terminated():
+                request.status, request.reason = "finished", "stop token"
+        if request.status == "active" and matcher.can_stop() and self._only_stop_allowed(matcher):
+            request.status, request.reason = "finished", "grammar complete"
+
+    def _only_stop_allowed(self, matcher: Matcher) -> bool:
+        row = torch.zeros(1, self._words, dtype=torch.int32)
+        matcher.fill(row, 0)
+        return torch.equal(row, self.stop_row)
+
+
+class StepFill:
+    """One step's fill: threads pull requests from a shared queue (so a hanging matcher holds
+    up one thread, not a fixed share of the batch) and copy finished rows into the host slot.
+
+    Built on the caller's thread, so that the step's requests are resolved before any later
+    `remove`. `progress[index]`, when given, is set once a request's rows are in the slot:
+    its valid rows, or -1 if it failed during this step (a parent process reads it after
+    a deadline).
+    """
+
+    def __init__(self, table: MatcherTable, entries: Sequence[FillEntry]) -> None:
+        self._table = table
+        self._entries = {e.index: (table.lookup(e.request_id), e) for e in entries}
+        self._pending = deque(self._entries)
+        self._left = len(entries)
+        self._closed = False
+        self._host = torch.empty(0, dtype=torch.int32)
+        self._progress: torch.Tensor | None = None
+        self._condition = threading.Condition()
+        self.result = FillResult()
+
+    def run(
+        self,
+        host: torch.Tensor,
+        deadline: Deadline,
+        executor: Executor,
+        threads: int,
+        progress: torch.Tensor | None = None,
+    ) -> FillResult:
+        """Fill on `threads` tasks of `executor` until done or past the deadline."""
+        self._host, self._progress, self._condition = host, progress, deadline.condition
+        for _ in range(min(threads, len(self._pending))):
+            executor.submit(self._drain)
+        with self._condition:
+            while self._left:
+                remaining = deadline.remaining()
+                if remaining is not None and remaining <= 0:
+                    self._close_late()
+                    break
+                self._condition.wait(remaining)
+            self._closed = True
+        return self.result
+
+    def _drain(self) -> None:
+        """Fill requests until none is left; one lock round per request (publish the last
+        one's rows, take the next), and the waiting thread is woken only at the end."""
+        done: tuple[FillEntry, torch.Tensor, int, str | None] | None = None
+        while True:
+            with self._condition:
+                if self._closed:
+                    return  # late: the step went on without this request
+                if done is not None:
+                    self._publish(*done)
+                if not self._pending:
+                    return
+                request, entry = self._entries[self._pending.popleft()]
+            scratch, valid, failure = self._table.fill_scratch(request, entry)
+            done = (entry, scratch, valid, failure)
+
+    def _publish(
+        self, entry: FillEntry, scratch: torch.Tensor, valid: int, failure: str | None
+    ) -> None:
+        first = entry.rows[0]
+        if entry.rows == tuple(range(first, first + len(entry.rows))):
+            self._host[first : first + len(entry.rows)].copy_(scratch)
+        else:
+            self._host[list(entry.rows)] = scratch
+        self.result.valid[entry.index] = valid
+        if failure is not None:
+            self.result.failures[entry.request_id] = failure
+        if self._progress is not None:
+            self._progress[entry.index] = -1 if failure is not None else valid
+        self._left -= 1
+        if not self._left:
+            self._condition.notify_all()
+
+    def _close_late(self) -> None:
+        """Past the deadline (condition held): every request not done fails alone."""
+        self._closed = True
+        for index, (request, entry) in self._entries.items():
+            if index not in self.result.valid:
+                self._host[list(entry.rows)] = self._table.stop_row
+                self.result.valid[index] = 1
+                if request.status != "failed":
+                    request.fail(DEADLINE_REASON)
+                    self.result.failures[entry.request_id] = DEADLINE_REASON
+
+
+def _fault_reason(exc: BaseException, where: str) -> str:
+    if isinstance(exc, RequestFault):
+        return str(exc)
+    return f"matcher error {where}: {type(exc).__name__}: {exc}"
+
+
+StepRun = Callable[[int, torch.Tensor, Deadline], FillResult]
+"""Fills a step's rows into (host slot index, host slot) until done or past the deadline."""

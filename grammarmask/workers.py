@@ -1,0 +1,546 @@
+"""Process isolation: matchers in worker processes that write masks into shared memory.
+
+Each worker process (spawned: torch and xgrammar run threads, which fork would break) has
+its own compiler and `MatcherTable` for the pool's vocabulary; a request lives in one
+worker. The parent keeps, per request, its grammar and committed tokens, and talks to the
+workers in messages: add, remove, state, commit, and fill (a step's entries; the worker
+writes the rows straight into the shared host slot and answers with the valid rows and
+failures).
+
+When a worker dies (a signal, an abort, the OOM killer), every request it held fails with
+a reason naming the signal, the worker is restarted, and the step goes on for the others.
+When a request misses its mask deadline, its worker (a thread of it is stuck in the
+matcher) is killed and replaced; the requests it held that were not late are replayed on
+the new worker (add + the same commits), so they carry on. Nothing waits without also
+watching the process sentinel, so a dead worker never hangs the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import torch
+
+from .backends.base import fill_stop_only
+from .compiler import GrammarCompiler
+from .errors import GrammarMaskError
+from .grammars import Grammar
+from .matchers import (
+    DEADLINE_REASON,
+    BackendFactory,
+    Deadline,
+    FillEntry,
+    FillResult,
+    MatcherTable,
+    RequestState,
+    StepFill,
+    StepRun,
+)
+from .steps import RequestId
+from .vocabulary import Vocabulary
+
+_FILL_THREADS = 2
+"""Fill threads per worker process: a hanging matcher holds up one, the other goes on."""
+_POLL_S = 0.05
+"""How often a waiting step looks at its deadline (`wait(timeout=...)` may set one late)."""
+_HANG_GRACE_S = 60.0
+"""A worker that answers nothing this long past the compile timeout counts as hung."""
+
+
+class SharedRing:
+    """The host mask ring (and per-entry progress) in shared memory, one block for all
+    slots; on a device it is registered with CUDA (pinned) for the side-stream copy."""
+
+    def __init__(self, slots: int, rows: int, words: int, *, pinned: bool = False) -> None:
+        if slots < 2:
+            raise ValueError(f"the ring needs at least 2 slots to overlap steps, not {slots}")
+        self.shape = (slots, rows, words)
+        self._masks_bytes = slots * rows * words * 4
+        self.memory = SharedMemory(create=True, size=self._masks_bytes + slots * rows * 4)
+        self.host, self.progress = self.views(self.memory, self.shape)
+        self._pinned = False
+        if pinned and torch.cuda.is_available():
+            ptr = self.host[0].data_ptr()
+            status = torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
+                ptr, self._masks_bytes, 0
+            )
+            if int(status) != 0:
+                raise RuntimeError(f"cudaHostRegister of the shared mask ring failed: {status}")
+            self._pinned = True
+
+    @staticmethod
+    def views(
+        memory: SharedMemory, shape: tuple[int, int, int]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        slots, rows, words = shape
+        flat = torch.frombuffer(memory.buf, dtype=torch.int32)
+        masks = flat[: slots * rows * words].view(slots, rows, words)
+        progress = flat[slots * rows * words :].view(slots, rows)
+        return list(masks.unbind(0)), list(progress.unbind(0))
+
+    def close(self) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(  # type: ignore[no-untyped-call]
+                self.host[0].data_ptr()
+            )
+        self.host, self.progress = [], []
+        with contextlib.suppress(BufferError):  # masks handed out may still view it
+            self.memory.close()
+        self.memory.unlink()
+
+
+# ---------------------------------------------------------------------- the worker side
+def _worker_main(
+    conn: multiprocessing.connection.Connection,
+    vocab_pickle: bytes,
+    memory_name: str,
+    shape: tuple[int, int, int],
+    compile_timeout_s: float,
+    backend_factory: BackendFactory | None,
+) -> None:
+    """A worker's loop: one message at a time, in order, until "close" or the pipe ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    vocab: Vocabulary = pickle.loads(vocab_pickle)
+    backends = backend_factory(vocab) if backend_factory is not None else None
+    compiler = GrammarCompiler(vocab, timeout_s=compile_timeout_s, backends=backends)
+    table = MatcherTable(vocab, compiler, compile_timeout_s)
+    memory = SharedMemory(name=memory_name)
+    host, progress = SharedRing.views(memory, shape)
+    threads = ThreadPoolExecutor(_FILL_THREADS, thread_name_prefix="grammarmask-fill")
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        kind = message[0]
+        if kind == "fill":
+            _, slot, entries = message
+            conn.send(("begin",))
+            step = StepFill(table, entries)
+            conn.send(step.run(host[slot], Deadline(None), threads, _FILL_THREADS, progress[slot]))
+        elif kind == "commit":
+            conn.send(table.commit(message[1], message[2]))
+        elif kind == "state":
+            conn.send(table.state(message[1]))
+        elif kind == "add":
+            _, request_id, grammar, backend, commits, replay = message
+            # a replayed grammar compiled before: no tight timeout for it in a cold cache
+            timeout = compile_timeout_s + _HANG_GRACE_S / 2 if replay else None
+            try:
+                table.add(request_id, grammar, backend, timeout)
+            except GrammarMaskError as exc:
+                table.add_failed(request_id, backend, str(exc))
+            for tokens in commits:
+                table.commit(request_id, tokens)
+        elif kind == "remove":
+            table.remove(message[1])
+        else:
+            break
+    os._exit(0)  # skip joining threads a hanging matcher may still hold
+
+
+# ---------------------------------------------------------------------- the parent side
+@dataclass(eq=False)
+class _Held:
+    """The parent's record of a request: enough to replay it on a new worker."""
+
+    request_id: RequestId
+    grammar: Grammar | None
+    backend: str
+    worker: int
+    commits: list[tuple[int, ...]] = field(default_factory=list)
+    failed: str | None = None
+    """Why it failed, once the parent knows it did (its worker died, a deadline, a reply)."""
+    reported: bool = False
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: Any
+    conn: multiprocessing.connection.Connection
+    held: set[RequestId] = field(default_factory=set)
+    pending_removes: list[RequestId] = field(default_factory=list)
+
+
+class _WorkerGone(Exception):
+    """A worker died or hung during a call; its requests have been failed."""
+
+
+class ProcessExecutor:
+    """The pool's `_Executor` over worker processes (see the module docstring).
+
+    Locks: `_slots[i]` serialises everything said to worker i (and its replacement);
+    `_lock` guards the request records. A slot lock may be taken first, never the reverse.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        workers: int,
+        ring: SharedRing,
+        compile_timeout_s: float,
+        backend_factory: BackendFactory | None,
+    ) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._vocab_pickle = pickle.dumps(vocab)
+        self._ring = ring
+        self._compile_timeout_s = compile_timeout_s
+        self._factory = backend_factory
+        self._stop_row = torch.zeros(1, ring.shape[2], dtype=torch.int32)
+        fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
+        self._held: dict[RequestId, _Held] = {}
+        self._lock = threading.Lock()
+        self._slots = [threading.Lock() for _ in range(workers)]
+        self._steps_in_flight = 0
+        self.restarts = 0
+        self._workers = [self._spawn(index) for index in range(workers)]
+
+    def _spawn(self, index: int) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main,
+            args=(
+                child,
+                self._vocab_pickle,
+                self._ring.memory.name,
+                self._ring.shape,
+                self._compile_timeout_s,
+                self._factory,
+            ),
+            name=f"grammarmask-worker-{index}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        return _Worker(index, process, parent)
+
+    def pids(self) -> list[int]:
+        """Process ids of the current workers (for monitoring, and tests that kill one)."""
+        return [int(w.process.pid) for w in self._workers]
+
+    # ------------------------------------------------------------------ requests
+    def add(self, request_id: RequestId, grammar: Grammar, backend: str) -> RequestState:
+        with self._lock:
+            if request_id in self._held:
+                raise GrammarMaskError(f"request {request_id!r} is already in the pool")
+            index = min(self._workers, key=lambda w: len(w.held)).index
+            self._held[request_id] = _Held(request_id, grammar, backend, index)
+        with self._slots[index]:
+            worker = self._alive(self._workers[index], "idle")
+            worker.held.add(request_id)
+            _send(worker, ("add", request_id, grammar, backend, (), False))
+        return RequestState(request_id, "active", backend=backend)
+
+    def remove(self, request_id: RequestId) -> None:
+        with self._lock:
+            held = self._held.pop(request_id, None)
+            if held is None or held.worker < 0:
+                return
+            worker = self._workers[held.worker]
+            worker.held.discard(request_id)
+            worker.pending_removes.append(request_id)
+            if self._steps_in_flight:
+                return  # sent after the step, which still fills it
+        self._flush_removes(held.worker)
+
+    def _flush_removes(self, index: int) -> None:
+        with self._slots[index]:
+            worker = self._workers[index]
+            removes, worker.pending_removes = worker.pending_removes, []
+            for request_id in removes:
+                _send(worker, ("remove", request_id))
+
+    def state(self, request_id: RequestId) -> RequestState:
+        return self._ask(request_id, ("state", request_id), "answering a state query", ())
+
+    def commit(self, request_id: RequestId, tokens: Sequence[int]) -> RequestState:
+        tokens = tuple(int(t) for t in tokens)
+        return self._ask(request_id, ("commit", request_id, tokens), "committing tokens", tokens)
+
+    def _ask(
+        self, request_id: RequestId, message: tuple[Any, ...], doing: str, tokens: tuple[int, ...]
+    ) -> RequestState:
+        with self._lock:
+            held = self._held.get(request_id)
+        if held is None:
+            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+        if held.failed is None:
+            with self._slots[held.worker]:
+                try:
+                    worker = self._alive(self._workers[held.worker], "idle")
+                    if held.failed is None:
+                        _send(worker, message)
+                        reply: RequestState = self._receive(worker, doing)
+                        if reply.status == "failed":  # reported by this reply
+                            held.failed, held.reported = reply.reason or "failed", True
+                        elif tokens:
+                            held.commits.append(tokens)
+                        return reply
+                except _WorkerGone:
+                    pass
+        held.reported = True  # the caller hears it now
+        return RequestState(request_id, "failed", held.failed, held.backend)
+
+    # ------------------------------------------------------------------ workers
+    def _receive(self, worker: _Worker, doing: str) -> Any:
+        """The worker's next answer (slot lock held), skipping its "ready" greeting. Raises
+        _WorkerGone, after failing its requests, if it dies or hangs first."""
+        limit = time.monotonic() + self._compile_timeout_s + _HANG_GRACE_S
+        while True:
+            watched = [worker.conn, worker.process.sentinel]
+            ready = multiprocessing.connection.wait(watched, max(0.0, limit - time.monotonic()))
+            if not ready:
+                self._replace(worker, f"worker process hung while {doing}", kill=True)
+                raise _WorkerGone
+            message = _poll(worker) if worker.conn in ready else None
+            if message is None:
+                self._replace(worker, f"{_death(worker)} while {doing}", kill=False)
+                raise _WorkerGone
+            if not (isinstance(message, tuple) and message[0] == "ready"):
+                return message
+
+    def _alive(self, worker: _Worker, doing: str) -> _Worker:
+        """The worker, or its replacement if it died while `doing` (slot lock held)."""
+        if worker.process.is_alive():
+            return worker
+        return self._replace(worker, f"{_death(worker)} while {doing}", kill=False)
+
+    def _replace(
+        self,
+        worker: _Worker,
+        reason: str,
+        *,
+        kill: bool,
+        spare: frozenset[RequestId] = frozenset(),
+    ) -> _Worker:
+        """Stop `worker` (slot lock held), fail the requests it held with `reason` except
+        `spare`, which are replayed on its replacement, started at the same index."""
+        if kill:
+            worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        new = self._spawn(worker.index)
+        with self._lock:
+            self.restarts += 1
+            for request_id in worker.held:
+                held = self._held.get(request_id)
+                if held is None or held.failed is not None:
+                    continue
+                if request_id in spare:
+                    new.held.add(request_id)
+                    message = ("add", request_id, held.grammar, held.backend, held.commits, True)
+                    _send(new, message)
+                else:
+                    held.failed = reason
+            new.pending_removes = worker.pending_removes
+            self._workers[worker.index] = new
+        return new
+
+    # ------------------------------------------------------------------ the step
+    def begin(self, entries: Sequence[FillEntry]) -> StepRun:
+        groups: dict[int, list[FillEntry]] = {}
+        local: list[tuple[FillEntry, str | None]] = []
+        with self._lock:
+            self._steps_in_flight += 1
+            for entry in entries:
+                held = self._held.get(entry.request_id)
+                if held is None:
+                    reason = (
+                        f"unknown request id {entry.request_id!r}: add() it before its first step"
+                    )
+                    held = _Held(entry.request_id, None, "", -1, failed=reason)
+                    self._held[entry.request_id] = held
+                if held.failed is not None:
+                    local.append((entry, None if held.reported else held.failed))
+                    held.reported = True
+                else:
+                    groups.setdefault(held.worker, []).append(entry)
+        return lambda slot, host, deadline: self._run(slot, host, deadline, groups, local)
+
+    def _run(
+        self,
+        slot: int,
+        host: torch.Tensor,
+        deadline: Deadline,
+        groups: dict[int, list[FillEntry]],
+        local: list[tuple[FillEntry, str | None]],
+    ) -> FillResult:
+        result = FillResult()
+        for entry, reason in local:
+            self._fail_rows(host, entry, result, reason)
+        indices = sorted(groups)
+        for index in indices:
+            self._slots[index].acquire()
+        try:
+            self._fill_on_workers(slot, host, deadline, groups, result)
+        finally:
+            for index in indices:
+                self._slots[index].release()
+            with self._lock:
+                self._steps_in_flight -= 1
+                idle = not self._steps_in_flight
+            if idle:
+                for index in range(len(self._workers)):
+                    self._flush_removes(index)
+        return result
+
+    def _fill_on_workers(
+        self,
+        slot: int,
+        host: torch.Tensor,
+        deadline: Deadline,
+        groups: dict[int, list[FillEntry]],
+        result: FillResult,
+    ) -> None:
+        """Send each worker its entries, then collect answers (slot locks held): a worker that
+        dies fails its requests; one past the deadline is expired. Its time before it takes
+        the step up (a restart, a replay) does not count against the deadline."""
+        progress = self._ring.progress[slot]
+        started = time.monotonic()
+        waiting: dict[int, _Worker] = {}
+        begun: dict[int, float] = {}
+        for index, entries in groups.items():
+            progress[[e.index for e in entries]] = 0
+            worker = self._workers[index]
+            if not worker.process.is_alive():
+                self._bury(worker, host, entries, result)
+                continue
+            _send(worker, ("fill", slot, entries))
+            waiting[index] = worker
+        while waiting:
+            watched = [w.conn for w in waiting.values()]
+            watched += [w.process.sentinel for w in waiting.values()]
+            ready = set(multiprocessing.connection.wait(watched, _POLL_S))
+            now = time.monotonic()
+            for index, worker in list(waiting.items()):
+                if worker.conn in ready:
+                    message = _poll(worker)
+                    if isinstance(message, FillResult):
+                        result.valid.update(message.valid)
+                        result.failures.update(message.failures)
+                        self._note_failures(message.failures)
+                        del waiting[index]
+                    elif message is None:
+                        self._bury(worker, host, groups[index], result)
+                        del waiting[index]
+                    elif message[0] == "begin":
+                        begun[index] = now
+                elif worker.process.sentinel in ready:
+                    continue  # its pipe, read next round, says the rest
+                elif _past(deadline, begun.get(index), started, now):
+                    self._expire(worker, host, progress, groups[index], result)
+                    del waiting[index]
+
+    def _bury(
+        self, worker: _Worker, host: torch.Tensor, entries: list[FillEntry], result: FillResult
+    ) -> None:
+        """A worker died during the step: its requests fail, naming the signal."""
+        reason = f"{_death(worker)} while filling masks"
+        self._replace(worker, reason, kill=False)
+        for entry in entries:
+            self._fail_rows(host, entry, result, reason)
+
+    def _expire(
+        self,
+        worker: _Worker,
+        host: torch.Tensor,
+        progress: torch.Tensor,
+        entries: list[FillEntry],
+        result: FillResult,
+    ) -> None:
+        """Past the deadline: kill the worker (so no later write can land), keep the rows it
+        finished, fail the late requests alone and replay the others on its replacement."""
+        worker.process.kill()
+        worker.process.join()
+        late: set[RequestId] = set()
+        for entry in entries:
+            done = int(progress[entry.index])
+            if done > 0:
+                result.valid[entry.index] = done
+                continue
+            reason = DEADLINE_REASON
+            if done < 0:
+                reason = "matcher error while filling the step's masks (worker then replaced)"
+            self._fail_rows(host, entry, result, reason)
+            late.add(entry.request_id)
+            with self._lock:
+                held = self._held.get(entry.request_id)
+                if held is not None:
+                    held.failed = reason
+        with self._lock:
+            spare = frozenset(worker.held - late)
+        self._replace(worker, DEADLINE_REASON, kill=False, spare=spare)
+
+    def _fail_rows(
+        self, host: torch.Tensor, entry: FillEntry, result: FillResult, reason: str | None
+    ) -> None:
+        host[list(entry.rows)] = self._stop_row
+        result.valid[entry.index] = 1
+        if reason is not None:
+            result.failures[entry.request_id] = reason
+            with self._lock:
+                held = self._held.get(entry.request_id)
+                if held is not None:
+                    held.reported = True
+
+    def _note_failures(self, failures: Mapping[RequestId, str]) -> None:
+        """Requests that failed inside a worker: never to be replayed."""
+        with self._lock:
+            for request_id, reason in failures.items():
+                held = self._held.get(request_id)
+                if held is not None:
+                    held.failed, held.reported = reason, True
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        for index, worker in enumerate(self._workers):
+            with self._slots[index]:
+                _send(worker, ("close",))
+        for worker in self._workers:
+            worker.process.join(timeout=5.0)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
+        self._ring.close()
+
+
+def _send(worker: _Worker, message: tuple[Any, ...]) -> None:
+    """Send (slot lock held); a broken pipe is left for the next receive to notice."""
+    with contextlib.suppress(OSError):
+        worker.conn.send(message)
+
+
+def _poll(worker: _Worker) -> Any:
+    """The next message; None at the end of the pipe (the worker is gone)."""
+    try:
+        return worker.conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+def _past(deadline: Deadline, begun: float | None, started: float, now: float) -> bool:
+    """A worker's deadline is the step's, moved on by the time it took to take the step up."""
+    return deadline.at is not None and begun is not None and now >= deadline.at + begun - started
+
+
+def _death(worker: _Worker) -> str:
+    worker.process.join(timeout=5.0)
+    code = worker.process.exitcode
+    if code is not None and code < 0:
+        return f"worker process died ({signal.Signals(-code).name})"
+    return f"worker process died (exit code {code})"
