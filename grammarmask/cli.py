@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
     generate.add_argument("--max-tokens", type=int, default=256)
     generate.set_defaults(run=cmd_generate)
+    _add_conformance_parser(commands)
     return parser
 
 
@@ -169,6 +170,114 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 1
     return run_generate(path, args.prompt, stream=args.stream, max_new_tokens=args.max_tokens)
+
+
+def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    conformance = commands.add_parser(
+        "conformance",
+        help="check compiled grammars against a MaskBench-format corpus's valid/invalid tests",
+    )
+    conformance.add_argument(
+        "directory",
+        nargs="?",
+        help="MaskBench-format directory (default: $GRAMMARMASK_CORPUS, "
+        "../shared/corpus/maskbench, else a bundled sample)",
+    )
+    conformance.add_argument(
+        "--backend",
+        action="append",
+        help="backend name or 'auto' (repeatable; default: xgrammar)",
+    )
+    conformance.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek")
+    conformance.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
+    conformance.add_argument("--strict", action="store_true", help="close objects by default")
+    conformance.add_argument("--timeout", type=float, default=30.0, help="compile limit (s)")
+    conformance.add_argument(
+        "--check-timeout", type=float, default=120.0, help="limit for checking the tests (s)"
+    )
+    conformance.add_argument("--jobs", type=int, default=1, help="worker processes")
+    conformance.add_argument("--limit", type=int, help="only the first N schemas")
+    conformance.add_argument("--sample", type=int, help="a seeded random sample of N schemas")
+    conformance.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    conformance.add_argument("--json", dest="json_out", help="write one JSON line per schema")
+    conformance.add_argument(
+        "--resume", action="store_true", help="skip the schemas already in --json OUT"
+    )
+    conformance.set_defaults(run=cmd_conformance)
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    """Exit 0 when no schema crashed and no invalid instance was accepted undeclared,
+    1 otherwise, 2 for unusable arguments."""
+    import json
+
+    from tqdm import tqdm
+
+    from . import conformance as cf
+
+    known = {*installed_backends(), "auto"}
+    backends = args.backend or ["xgrammar"]
+    unknown = [b for b in backends if b not in known]
+    if unknown:
+        print(
+            f"error: unknown or uninstalled backend(s) {', '.join(unknown)}; "
+            f"choose from {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.resume and not args.json_out:
+        print("error: --resume needs --json OUT", file=sys.stderr)
+        return 2
+    directory = Path(args.directory) if args.directory else cf.default_corpus_dir()
+    try:
+        files = cf.select_files(directory, limit=args.limit, sample=args.sample, seed=args.seed)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out_path = Path(args.json_out) if args.json_out else None
+    previous: list[cf.Record] = []
+    if args.resume and out_path is not None and out_path.exists():
+        names = {f.name for f in files}
+        previous = [r for r in cf.read_records(out_path) if r["schema"] in names]
+    options = cf.ConformanceOptions(
+        vocab=args.vocab,
+        whitespace=args.whitespace,
+        strict=args.strict,
+        compile_timeout_s=args.timeout,
+        check_timeout_s=args.check_timeout,
+    )
+    print(
+        f"corpus {directory}: {len(files)} schema(s) x {', '.join(backends)}; "
+        f"vocabulary {args.vocab}, {args.jobs} job(s)",
+        file=sys.stderr,
+    )
+    out = out_path.open("a" if args.resume else "w", encoding="utf-8") if out_path else None
+    done = {(r["schema"], r["backend"]) for r in previous}
+    bar = tqdm(total=len(files) * len(backends), initial=len(done), unit="schema", file=sys.stderr)
+
+    def record_landed(record: cf.Record) -> None:
+        bar.update(1)
+        if record["status"] in ("crash", "timeout"):
+            bar.write(
+                f"{record['backend']}: {record['schema']}: {record['status']}: {record['detail']}",
+                file=sys.stderr,
+            )
+        if out is not None:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+
+    try:
+        records = cf.run_conformance(
+            files, backends, options, jobs=args.jobs, on_record=record_landed, skip=done
+        )
+    finally:
+        bar.close()
+        if out is not None:
+            out.close()
+    totals = cf.summarize([*previous, *records])
+    print(cf.summary_table(totals))
+    bad = sum(t["crash"] + t["invalid_accepted_defect"] for t in totals.values())
+    return 1 if bad else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
