@@ -152,3 +152,15 @@ OUTLINES_SUPPORT = KeywordSupport(
 """outlines-core 0.2.14. Drops numeric bounds, multipleOf, maxProperties, patternProperties,
 propertyNames, oneOf exclusivity, not, if/then/else, dependentRequired, unevaluated*;
 refuses allOf."""
+
+LLGUIDANCE_SUPPORT = KeywordSupport(
+    enforced=_COMMON
+    | {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "maxProperties", "allOf", "oneOf", "patternProperties", "dependentRequired",
+    },
+    formats=_COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "date", "date-time", "duration"},
+)  # fmt: skip
+"""llguidance 1.9.1 with lenient=False. It refuses at compile time what it does not
+implement (not, if/then/else, contains, uniqueItems, propertyNames, dependentSchemas,
+unevaluated*, unknown formats), so this list only has to be honest about what it compiles."""

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import grammarmask as gm
 
-BACKENDS = ("xgrammar", "outlines")
+BACKENDS = ("xgrammar", "outlines", "llguidance")
 TINY_SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22]}},
@@ -165,7 +165,8 @@ def test_backend_compile_failure_is_a_grammar_error(deepseek_compiler: gm.Gramma
 
 def test_unknown_backend(deepseek: gm.Vocabulary) -> None:
     with pytest.raises(
-        gm.GrammarMaskError, match="unknown backend 'llama'; choose from xgrammar, outlines"
+        gm.GrammarMaskError,
+        match="unknown backend 'llama'; choose from xgrammar, outlines, llguidance",
     ):
         gm.create_backend("llama", deepseek)
 
@@ -194,7 +195,8 @@ def test_xgrammar_strings_never_take_raw_control_characters(
 
 def _dialect_difference(token: bytes) -> bool:
     """Documented completeness gaps: xgrammar forbids escapes in length-limited strings;
-    outlines forbids U+007F..U+009F and \\u escapes. Neither lets invalid JSON through."""
+    outlines forbids U+007F..U+009F and \\u escapes; llguidance forbids a raw U+007F.
+    None lets invalid JSON through."""
     text = token.decode("utf-8", "surrogateescape")
     return "\\" in text or any(0x7F <= ord(ch) <= 0x9F for ch in text)
 
@@ -206,7 +208,7 @@ def test_backends_agree_along_valid_instances(
     deepseek: gm.Vocabulary,
     deepseek_encode: Callable[[str], list[int]],
 ) -> None:
-    """Where both enforce a schema fully, they allow the same tokens at every position."""
+    """Where all enforce a schema fully, they allow the same tokens at every position."""
     schema = bundled_schema(name)
     grammar = gm.Grammar.json_schema(schema)
     compiled = {b: deepseek_compiler.compile(grammar, b) for b in BACKENDS}
@@ -216,9 +218,15 @@ def test_backends_agree_along_valid_instances(
         ids = deepseek_encode(json.dumps(instance, separators=(",", ":"), ensure_ascii=False))
         matchers = {b: c.matcher() for b, c in compiled.items()}
         for position in range(len(ids) + 1):
-            xg, ol = (allowed_ids(matchers[b], deepseek.size) for b in BACKENDS)
-            unexplained = [i for i in xg ^ ol if not _dialect_difference(deepseek.token_bytes[i])]
-            assert not unexplained, (position, [deepseek.token_bytes[i] for i in unexplained[:5]])
+            xg, *others = (allowed_ids(matchers[b], deepseek.size) for b in BACKENDS)
+            for other in others:
+                unexplained = [
+                    i for i in xg ^ other if not _dialect_difference(deepseek.token_bytes[i])
+                ]
+                assert not unexplained, (
+                    position,
+                    [deepseek.token_bytes[i] for i in unexplained[:5]],
+                )
             positions += 1
             if position < len(ids):
                 assert all(m.accept(ids[position]) for m in matchers.values())
