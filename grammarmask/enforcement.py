@@ -157,10 +157,15 @@ LLGUIDANCE_SUPPORT = KeywordSupport(
     enforced=_COMMON
     | {
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "maxProperties", "allOf", "oneOf", "patternProperties", "dependentRequired",
+        "maxProperties", "allOf", "oneOf", "patternProperties",
     },
-    formats=_COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "date", "date-time", "duration"},
+    formats=_COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},
+    format_notes=(
+        ("date", "is approximated: February 29 passes in every year"),
+        ("date-time", "is approximated: February 29 passes in every year"),
+    ),
 )  # fmt: skip
 """llguidance 1.9.1 with lenient=False. It refuses at compile time what it does not
-implement (not, if/then/else, contains, uniqueItems, propertyNames, dependentSchemas,
-unevaluated*, unknown formats), so this list only has to be honest about what it compiles."""
+implement (not, if/then/else, contains, uniqueItems, propertyNames, dependentRequired,
+dependentSchemas, unevaluated*, unknown formats, oneOf it cannot prove exclusive), so this
+list only has to be honest about what it compiles."""
