@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .backends import (
+    AUTO_ORDER,
     Backend,
     CompiledGrammar,
     Matcher,
@@ -23,6 +24,7 @@ from .errors import (
     InvalidJSONError,
     InvalidRegexError,
     InvalidSchemaError,
+    NotFullyEnforcedError,
     UnsupportedGrammarError,
     VocabularyError,
 )
@@ -33,6 +35,7 @@ from .steps import BatchError, StepMasks
 from .vocabulary import Vocabulary
 
 __all__ = [
+    "AUTO_ORDER",
     "ApplyError",
     "Backend",
     "BatchError",
@@ -51,6 +54,7 @@ __all__ = [
     "MaskFuture",
     "Matcher",
     "MatcherPool",
+    "NotFullyEnforcedError",
     "RequestState",
     "StepMasks",
     "Unenforced",

@@ -49,3 +49,12 @@ class CompileError(GrammarError):
 
 class CompileTimeoutError(GrammarError):
     """Compilation did not finish within the allowed time."""
+
+
+class NotFullyEnforcedError(GrammarError):
+    """backend="auto" found no installed backend that enforces all of a grammar; `reasons`
+    maps each backend to what it leaves out or why it refused."""
+
+    def __init__(self, message: str, reasons: dict[str, tuple[str, ...]]) -> None:
+        super().__init__(message)
+        self.reasons = reasons

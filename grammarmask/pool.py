@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import torch
 
-from .backends import CompiledGrammar, Matcher, words_per_row
+from .backends import AUTO, CompiledGrammar, Matcher, words_per_row
 from .backends.base import fill_stop_only
 from .compiler import GrammarCompiler
 from .enforcement import Unenforced
@@ -106,8 +106,11 @@ class MatcherPool:
     """Grammar matchers for the requests of one engine, filled on worker threads.
 
     `workers` threads fill masks (xgrammar releases the GIL); masks are bit-identical for any
-    worker count and batch order. `max_rows` bounds the rows of one step: the host (and
-    device) mask buffers are allocated once for it, in a ring of `ring_slots` steps.
+    worker count and batch order. backend="auto" serves each grammar with a backend that
+    enforces all of it (see GrammarCompiler.submit); `allow_unenforced` opts in to loose
+    enforcement for grammars no backend enforces fully. `max_rows` bounds the rows of one
+    step: the host (and device) mask buffers are allocated once for it, in a ring of
+    `ring_slots` steps.
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class MatcherPool:
         compile_timeout_s: float = 60.0,
         compiler: GrammarCompiler | None = None,
         device_ops: DeviceOps | None = None,
+        allow_unenforced: bool = False,
     ) -> None:
         if isolation != "thread":
             raise ValueError(f"isolation={isolation!r} is not available yet; use 'thread'")
@@ -134,7 +138,9 @@ class MatcherPool:
         self.compile_timeout_s = compile_timeout_s
         self._owns_compiler = compiler is None
         self._compiler = compiler or GrammarCompiler(vocab, timeout_s=compile_timeout_s)
-        self._compiler.backend(backend)  # fail now on an unknown or missing backend
+        if backend != AUTO:
+            self._compiler.backend(backend)  # fail now on an unknown or missing backend
+        self.allow_unenforced = allow_unenforced
         self._words = words_per_row(vocab.size)
         if device_ops is None and device is not None and torch.device(device).type == "cuda":
             device_ops = CudaOps(torch.device(device))
@@ -154,18 +160,26 @@ class MatcherPool:
 
     # ------------------------------------------------------------------ requests
     def add(
-        self, request_id: RequestId, grammar: Grammar, *, backend: str | None = None
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        *,
+        backend: str | None = None,
+        allow_unenforced: bool | None = None,
     ) -> RequestState:
         """Register a request; its grammar compiles in the background on `backend`
-        (default: the pool's)."""
+        (default: the pool's). With "auto", `state().backend` names the chosen backend once
+        compiled; a grammar no backend enforces fully fails this request alone, unless
+        `allow_unenforced` (default: the pool's)."""
         backend = backend or self.backend
+        loose = self.allow_unenforced if allow_unenforced is None else allow_unenforced
         with self._lock:
             if request_id in self._requests:
                 raise GrammarMaskError(f"request {request_id!r} is already in the pool")
             request = _Request(
                 request_id,
                 grammar,
-                self._compiler.submit(grammar, backend),
+                self._compiler.submit(grammar, backend, allow_unenforced=loose),
                 time.monotonic() + self.compile_timeout_s,
                 backend=backend,
             )
@@ -214,6 +228,7 @@ class MatcherPool:
         except GrammarError as exc:
             request.fail(f"grammar error: {exc}")
             return None
+        request.backend = compiled.backend
         request.unenforced = compiled.unenforced
         request.matcher = compiled.matcher()
         return request.matcher

@@ -34,17 +34,18 @@ keeps the text in the grammar, as the other backends' masks do."""
 _REFUSALS = ("Unimplemented keys", "Unknown format", "not supported", "unsupported")
 
 
-class _TokenSource:
+class _TokenSource(llguidance.TokenizerWrapper):
     """The tokenizer object `llguidance.LLTokenizer` reads: token bytes, specials, an encoder.
 
     The encoder is llguidance's own greedy longest match over these exact bytes. It must
     reproduce the text it is given (an encoder returning nothing made llguidance allow
     tokens outside the grammar); with forcing off, masks do not depend on its split.
+    It sets the attributes LLTokenizer reads itself: the base constructor wants a tokenizer
+    object to wrap.
     """
 
-    is_tokenizer_wrapper = True
-
     def __init__(self, vocab: Vocabulary) -> None:
+        self.is_tokenizer_wrapper = True
         specials = vocab.special_token_ids
         self.eos_token_id = vocab.stop_token_ids[0]
         self.bos_token_id = None
