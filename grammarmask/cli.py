@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .backends import installed_backends
+from .backends import AUTO, AUTO_ORDER, installed_backends
 from .compiler import GrammarCompiler
-from .errors import GrammarError, GrammarMaskError
+from .errors import GrammarError, GrammarMaskError, NotFullyEnforcedError
 from .grammars import Grammar
 from .known_vocabs import KNOWN_VOCABULARIES, load_vocabulary
 from .vocabulary import Vocabulary
@@ -62,7 +62,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"schema     {path}")
     loaded = time.perf_counter() - started
     print(f"vocabulary {args.tokenizer_json or args.vocab}: {vocab} (loaded in {loaded:.1f} s)")
-    backends = args.backend or list(installed_backends())
+    backends = args.backend or [*installed_backends(), AUTO]
     compiler = GrammarCompiler(vocab, timeout_s=args.timeout)
     rows = [["backend", "result", "compile", "enforcement"]]
     details: list[str] = []
@@ -70,18 +70,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     for name in backends:
         print(f"compiling on {name} ...", file=sys.stderr, flush=True)
         try:
-            compiled = compiler.compile(grammar, name)
+            compiled = compiler.compile(grammar, name, allow_unenforced=args.allow_unenforced)
+        except NotFullyEnforcedError as exc:
+            rows.append([name, "refused", "-", "no backend enforces all of it"])
+            details.extend(
+                f"{name}: refused: {b}: {why}" for b, w in exc.reasons.items() for why in w
+            )
+            continue
         except GrammarMaskError as exc:
             rows.append([name, type(exc).__name__, "-", "-"])
             details.append(f"{name}: {exc}")
             continue
         compiled_any = True
+        if name == AUTO:
+            how = (
+                f"the first of {', '.join(AUTO_ORDER)} that enforces all of it"
+                if compiled.fully_enforced
+                else "the backend that leaves out the fewest constraints (--allow-unenforced)"
+            )
+            details.append(f"auto: served by {compiled.backend}, {how}")
         if compiled.fully_enforced:
             enforcement = "full"
         else:
             enforcement = f"partial: {len(compiled.unenforced)} constraint(s) not enforced"
             details.extend(f"{name}: not enforced: {item}" for item in compiled.unenforced)
-        rows.append([name, "compiled", f"{compiled.compile_seconds * 1000:.0f} ms", enforcement])
+        result = "compiled" if name != AUTO else f"-> {compiled.backend}"
+        rows.append([name, result, f"{compiled.compile_seconds * 1000:.0f} ms", enforcement])
     compiler.close()
     print()
     print(_table(rows))
@@ -110,7 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--tokenizer-json", help="use this HF tokenizer.json instead of --vocab")
     check.add_argument("--logits-width", type=int, help="logits width for --tokenizer-json")
     check.add_argument(
-        "--backend", action="append", help="backend to try (repeatable; default: all installed)"
+        "--backend",
+        action="append",
+        help="backend to try, or 'auto' (repeatable; default: all installed, then auto)",
+    )
+    check.add_argument(
+        "--allow-unenforced",
+        action="store_true",
+        help="let auto serve a schema no backend enforces fully (the fewest constraints left out)",
     )
     check.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
     check.add_argument(

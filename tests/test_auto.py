@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import accepts_all, allowed_ids, ids_in_row
 
 import grammarmask as gm
+from grammarmask.cli import main
 
 PLAIN = {
     "type": "object",
@@ -134,3 +136,30 @@ def test_pool_rejects_an_unknown_backend_but_takes_auto(deepseek: gm.Vocabulary)
     with pytest.raises(gm.GrammarMaskError, match="unknown backend 'fast'"):
         gm.MatcherPool(deepseek, backend="fast")
     gm.MatcherPool(deepseek, backend="auto").close()
+
+
+def test_check_shows_the_llguidance_row_and_the_auto_choice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(PLAIN))
+    assert main(["check", str(path), "--backend", "llguidance", "--backend", "auto"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("ll", "auto"))}
+    assert "compiled" in rows["llguidance"] and rows["llguidance"].endswith("full")
+    assert "-> llguidance" in rows["auto"] and rows["auto"].endswith("full")
+    assert "auto: served by llguidance, the first of llguidance, xgrammar, outlines" in out
+
+
+def test_check_auto_refusal_and_opt_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "unique.json"
+    path.write_text(json.dumps(UNIQUE))
+    assert main(["check", str(path), "--backend", "auto"]) == 3
+    out = capsys.readouterr().out
+    assert "auto     refused" in out
+    assert "auto: refused: xgrammar: uniqueItems at /: not enforced by this backend" in out
+    assert "auto: refused: outlines: minimum at /items" in out
+    assert main(["check", str(path), "--backend", "auto", "--allow-unenforced"]) == 0
+    out = capsys.readouterr().out
+    assert "-> xgrammar" in out and "partial: 1 constraint(s) not enforced" in out
+    assert "auto: not enforced: uniqueItems at /" in out
