@@ -198,6 +198,7 @@ class LLGuidanceBackend(Backend):
                 "whitespace_flexible": flexible,
                 "coerce_one_of": False,
                 "lenient": False,
+                "json_allow_general_unicode_escapes": True,
             }
             if flexible:
                 options["whitespace_pattern"] = (
