@@ -7,6 +7,7 @@ import argparse
 import importlib.resources
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-tokens", type=int, default=256)
     generate.set_defaults(run=cmd_generate)
     _add_conformance_parser(commands)
+    _add_fuzz_parser(commands)
     return parser
 
 
@@ -299,6 +301,106 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     print(cf.summary_table(totals))
     bad = sum(t["crash"] + t["invalid_accepted_defect"] for t in totals.values())
     return 1 if bad else 0
+
+
+def _add_fuzz_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fuzz = commands.add_parser(
+        "fuzz",
+        help="hypothesis fuzzing of compiled schemas: soundness, completeness, differential, state",
+    )
+    fuzz.add_argument(
+        "schema", nargs="*", help="schema files or bundled names (default: every bundled schema)"
+    )
+    fuzz.add_argument(
+        "--backend",
+        action="append",
+        help="backend or 'auto' (repeatable; default: xgrammar and llguidance if installed)",
+    )
+    fuzz.add_argument("--examples", type=int, default=100, help="examples per property")
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--max-tokens", type=int, default=256, help="length cap of a walk")
+    fuzz.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek")
+    fuzz.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
+    fuzz.add_argument(
+        "--property",
+        action="append",
+        choices=("soundness", "completeness", "differential", "state"),
+        help="only these properties (repeatable; default: all)",
+    )
+    fuzz.set_defaults(run=cmd_fuzz)
+
+
+def _fuzz_targets(names: Sequence[str]) -> list[tuple[str, Path]]:
+    """(name as typed, file) for each schema argument; bare names are bundled schemas."""
+    if not names:
+        folder = bundled_schema_path(DEFAULT_SCHEMA).parent
+        return [(p.stem, p) for p in sorted(folder.glob("*.json"))]
+    targets = []
+    for name in names:
+        path = Path(name)
+        if not path.exists():
+            path = bundled_schema_path(name if name.endswith(".json") else f"{name}.json")
+        targets.append((name, path))
+    return targets
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """Exit 0 without counterexamples, 1 with, 2 for unusable arguments."""
+    from tqdm import tqdm
+
+    from .fuzz import PROPERTIES, SchemaFuzzer
+
+    installed = installed_backends()
+    backends = args.backend or [b for b in ("xgrammar", "llguidance") if b in installed]
+    unknown = [b for b in backends if b not in {*installed, "auto"}]
+    if unknown:
+        print(f"error: unknown or uninstalled backend(s) {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    grammars = []
+    for name, path in _fuzz_targets(args.schema):
+        try:
+            schema = Grammar.json_schema(path.read_text(encoding="utf-8")).schema
+        except OSError as exc:
+            print(f"error: cannot read schema {name}: {exc.strerror}", file=sys.stderr)
+            return 2
+        except GrammarError as exc:
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            return 2
+        grammars.append((name, schema, Grammar.json_schema(schema, whitespace=args.whitespace)))
+    vocab = load_vocabulary(args.vocab)
+    compiler = GrammarCompiler(vocab, timeout_s=600)
+    rows = [["schema", "backend", "enforced", "walks", "ended", "declared", "instances",
+             "accepted", "known gap", "key order", "diff", "state", "findings"]]  # fmt: skip
+    findings = []
+    for name, schema, grammar in tqdm(grammars, unit="schema", file=sys.stderr):
+        compiled = {}
+        for backend in backends:
+            try:
+                compiled[backend] = compiler.compile(grammar, backend)
+            except GrammarError as exc:
+                rows.append([name, backend, type(exc).__name__, *["-"] * 10])
+        fuzzer = SchemaFuzzer(
+            name, schema, compiled, vocab, seed=args.seed, examples=args.examples,
+            max_tokens=args.max_tokens,
+        )  # fmt: skip
+        report = fuzzer.run(args.property or PROPERTIES)
+        findings.extend(report.findings)
+        for backend, item in compiled.items():
+            counts = report.counts.get(backend, Counter())
+            mine = sum(backend in f.backend.split("+") for f in report.findings)
+            rows.append([
+                name, backend, "full" if item.fully_enforced else f"{len(item.unenforced)} gaps",
+                *(str(counts.get(k, 0)) for k in ("walks", "walks_terminated", "walks_declared",
+                  "instances", "instances_accepted", "instances_known_gap", "instances_key_order",
+                  "differential_compared", "state_sequences")),
+                str(mine),
+            ])  # fmt: skip
+    compiler.close()
+    print(_table(rows))
+    for finding in findings:
+        print()
+        print(finding)
+    return 1 if findings else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
