@@ -3,7 +3,9 @@
 Backends compile many keywords they then ignore. Each backend declares the keywords and
 formats it really enforces (measured, see tests/test_enforcement.py); every other
 constraint found in a schema is reported as `Unenforced`, with its JSON pointer. The
-report is an allowlist check: a keyword nobody listed is reported, never trusted.
+report is an allowlist check: a keyword of the JSON Schema vocabulary (drafts 4 to 2020-12)
+that a backend does not list is reported, never trusted. Keywords outside that vocabulary
+(`x-...`, `_format`, typos) constrain nothing — validators ignore them — and are skipped.
 """
 
 from __future__ import annotations
@@ -14,15 +16,20 @@ from typing import Any
 
 from .grammars import json_pointer
 
-ANNOTATIONS = frozenset(
+VOCABULARY = frozenset(
     {
-        "$schema", "$id", "$anchor", "$comment", "$vocabulary", "$defs", "definitions",
-        "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-        "contentMediaType", "contentEncoding", "contentSchema", "$dynamicAnchor",
-        "$recursiveAnchor",
+        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+        "exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "items",
+        "additionalItems", "prefixItems", "contains", "minContains", "maxContains", "maxItems",
+        "minItems", "uniqueItems", "maxProperties", "minProperties", "required", "properties",
+        "patternProperties", "additionalProperties", "dependencies", "dependentRequired",
+        "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if", "then",
+        "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef",
+        "$recursiveRef",
     }
 )  # fmt: skip
-"""Keywords that never constrain an instance."""
+"""Keywords that can constrain an instance in some JSON Schema draft; the others ($id, title,
+$defs, examples, x-..., ...) are annotations or unknown, and validators ignore them."""
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -85,7 +92,7 @@ def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, .
     found: list[Unenforced] = []
     for node, pointer in iter_subschemas(schema):
         for keyword, value in node.items():
-            if keyword in ANNOTATIONS:
+            if keyword not in VOCABULARY:
                 continue
             if keyword == "format":
                 if value not in support.formats:

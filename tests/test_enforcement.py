@@ -254,3 +254,19 @@ def test_flexible_whitespace_declares_the_tab_hole(deepseek: gm.Vocabulary) -> N
     flexible = backend.unenforced(gm.Grammar.json_schema(schema, whitespace="flexible"))
     assert [(u.pointer, u.keyword) for u in flexible] == [("/properties/s", "maxLength")]
     assert "TAB" in flexible[0].reason
+
+
+@pytest.mark.parametrize("backend", [X, OL, LL])
+def test_keywords_outside_the_vocabulary_are_not_constraints(
+    backend: str, deepseek: gm.Vocabulary
+) -> None:
+    """Validators ignore unknown keywords, so declaring them would refuse schemas for nothing;
+    a vocabulary keyword a backend does not list (draft-07 `dependencies`) is still declared."""
+    schema = {
+        "type": "object",
+        "x-kubernetes-patch-strategy": "merge",
+        "properties": {"a": {"type": "string", "_format": "date"}},
+        "dependencies": {"a": ["b"]},
+    }
+    found = gm.create_backend(backend, deepseek).unenforced(gm.Grammar.json_schema(schema))
+    assert [(u.pointer, u.keyword) for u in found] == [("", "dependencies")]

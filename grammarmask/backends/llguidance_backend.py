@@ -31,7 +31,9 @@ _NO_FORCING = '%llguidance {"no_forcing": true}\n'
 (the first token of its encoder's split); without forcing, a mask allows every token that
 keeps the text in the grammar, as the other backends' masks do."""
 
-_REFUSALS = ("Unimplemented keys", "Unknown format", "not supported", "unsupported")
+_REFUSALS = ("failed to compile JSON schema", "Unknown format", "not supported", "unsupported")
+"""Messages of a valid spec that llguidance declines (unimplemented keywords, oneOf it cannot
+prove exclusive, overlapping patternProperties, ...), as opposed to a failure."""
 
 
 class _TokenSource(llguidance.TokenizerWrapper):
