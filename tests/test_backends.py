@@ -126,15 +126,16 @@ def test_choice_and_regex(
     assert not accepts_all(regex.matcher(), deepseek_encode("123-ABC"))
 
 
-def test_xgrammar_serves_any_json_and_ebnf(
-    deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_serves_any_json_and_ebnf(
+    backend: str,
+    deepseek_compiler: gm.GrammarCompiler,
+    deepseek_encode: Callable[[str], list[int]],
 ) -> None:
-    any_json = deepseek_compiler.compile(gm.Grammar.json(), "xgrammar")
+    any_json = deepseek_compiler.compile(gm.Grammar.json(), backend)
     assert accepts_all(any_json.matcher(), deepseek_encode('{"a":[1,{"b":null}],"c":"d"}'))
     assert not accepts_all(any_json.matcher(), deepseek_encode('{"a" :1}'))  # compact: no spaces
-    ebnf = deepseek_compiler.compile(
-        gm.Grammar.ebnf('root ::= "go " ("left" | "right")'), "xgrammar"
-    )
+    ebnf = deepseek_compiler.compile(gm.Grammar.ebnf('root ::= "go " ("left" | "right")'), backend)
     assert accepts_all(ebnf.matcher(), deepseek_encode("go left"))
     assert not accepts_all(ebnf.matcher(), deepseek_encode("go up"))
 
@@ -232,3 +233,33 @@ def test_backends_agree_along_valid_instances(
                 assert all(m.accept(ids[position]) for m in matchers.values())
         assert all(m.can_stop() for m in matchers.values())
     assert positions > 30
+
+
+def test_llguidance_whitespace_bound_and_strict(
+    deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    array = {"type": "array", "items": {"type": "integer"}}
+    flexible = deepseek_compiler.compile(
+        gm.Grammar.json_schema(array, whitespace="flexible", max_whitespace=3), "llguidance"
+    )
+    assert accepts_all(flexible.matcher(), deepseek_encode("[1,\n  2 ]"))
+    assert not accepts_all(flexible.matcher(), deepseek_encode("[1,    2]"))  # a run of 4
+    compact = deepseek_compiler.compile(gm.Grammar.json_schema(array), "llguidance")
+    assert not accepts_all(compact.matcher(), deepseek_encode("[1, 2]"))
+    assert accepts_all(compact.matcher(), deepseek_encode("[1,2]"))
+    open_object = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    extra = deepseek_encode('{"a":1,"b":2}')
+    loose = deepseek_compiler.compile(gm.Grammar.json_schema(open_object), "llguidance")
+    strict = deepseek_compiler.compile(
+        gm.Grammar.json_schema(open_object, strict=True), "llguidance"
+    )
+    assert accepts_all(loose.matcher(), extra)
+    assert not accepts_all(strict.matcher(), extra)
+    assert accepts_all(strict.matcher(), deepseek_encode('{"a":1}'))
+
+
+def test_llguidance_schema_options_cannot_loosen_it(deepseek_compiler: gm.GrammarCompiler) -> None:
+    """A schema's own x-guidance asking for lenient (ignore unknown keywords) is overridden."""
+    schema = {"type": "integer", "not": {"const": 3}, "x-guidance": {"lenient": True}}
+    with pytest.raises(gm.UnsupportedGrammarError, match='Unimplemented keys: \\["not"\\]'):
+        deepseek_compiler.compile(gm.Grammar.json_schema(schema), "llguidance")
