@@ -76,7 +76,12 @@ def main() -> None:
         schema = json.loads(path.read_text(encoding="utf-8"))
         grammar = gm.Grammar.json_schema(schema)
         walks = [
-            list(tokenizer.encode(json.dumps(e, separators=(",", ":"), ensure_ascii=False), add_special_tokens=False))
+            list(
+                tokenizer.encode(
+                    json.dumps(e, separators=(",", ":"), ensure_ascii=False),
+                    add_special_tokens=False,
+                )
+            )
             for e in schema["examples"]
         ]
         line = f"{path.stem:16}"

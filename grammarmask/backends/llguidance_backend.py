@@ -21,7 +21,7 @@ from ..enforcement import LLGUIDANCE_SUPPORT, Unenforced, find_unenforced, iter_
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
-from .base import Backend, CompiledGrammar, Matcher, fill_stop_only
+from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
 
 _SPECIAL_MARKER = b"\xff"
 """llguidance's prefix for special tokens: never valid UTF-8, so never grammar text."""
@@ -41,7 +41,8 @@ class _TokenSource(llguidance.TokenizerWrapper):
 
     The encoder is llguidance's own greedy longest match over these exact bytes. It must
     reproduce the text it is given (an encoder returning nothing made llguidance allow
-    tokens outside the grammar); with forcing off, masks do not depend on its split.
+    tokens outside the grammar). With forcing off, masks do not depend on its split, and
+    walks over the bundled schemas never called it.
     It sets the attributes LLTokenizer reads itself: the base constructor wants a tokenizer
     object to wrap.
     """
@@ -107,16 +108,9 @@ class LLGuidanceMatcher(Matcher):
         if self._terminated:
             fill_stop_only(bitmask, row, self._stop_token_ids)
             return
-        if (
-            bitmask.dtype != torch.int32
-            or bitmask.device.type != "cpu"
-            or not bitmask.is_contiguous()
-            or bitmask.shape[1] != self._words
-        ):
-            raise ValueError(
-                f"bitmask must be a contiguous CPU int32 tensor with {self._words} words per row"
-            )
-        self._matcher.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self._words * 4)
+        self._matcher.unsafe_compute_mask_ptr(
+            row_pointer(bitmask, row, self._words), self._words * 4
+        )
         self._check_error()
 
     def rollback(self, num_tokens: int) -> None:
