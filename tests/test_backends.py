@@ -100,11 +100,11 @@ def test_rollback_restores_every_earlier_mask(
     assert torch.equal(_mask(matcher, deepseek.size), masks[len(ids) - back])
 
 
-def test_outlines_allows_every_stop_token(qwen: gm.Vocabulary) -> None:
-    """outlines-core knows one EOS; the wrapper must allow and accept the others too."""
-    matcher = (
-        gm.GrammarCompiler(qwen).compile(gm.Grammar.choice(["yes", "no"]), "outlines").matcher()
-    )
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_every_stop_token_ends_the_text(backend: str, qwen: gm.Vocabulary) -> None:
+    """outlines-core knows one EOS and llguidance a list: the wrappers must allow and accept
+    every stop token of the vocabulary (Qwen has two)."""
+    matcher = gm.GrammarCompiler(qwen).compile(gm.Grammar.choice(["yes", "no"]), backend).matcher()
     assert matcher.accept(9693)  # b'yes'
     assert allowed_ids(matcher, qwen.size) == set(qwen.stop_token_ids)
     assert matcher.accept(qwen.stop_token_ids[1])
