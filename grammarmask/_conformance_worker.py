@@ -1,8 +1,9 @@
 """Child process of the conformance runner: compiles and checks one schema per request.
 
 Protocol (JSON lines): the parent writes `{"path", "backend", "whitespace", "strict"}`;
-the worker answers `{"event": "compiled"}` once the grammar compiled (so the parent can
-time compilation and checking apart) and then `{"event": "result", "record": {...}}`.
+the worker answers `{"event": "compiling"}` when the compilation starts (after the
+backend's one-time set-up), `{"event": "compiled"}` once it is done (so the parent can
+time set-up, compilation and checking apart) and then `{"event": "result", "record": ...}`.
 It prints `{"event": "ready"}` once the vocabulary and tokenizer are loaded. File
 descriptor 1 is moved to stderr so that native libraries cannot corrupt the protocol.
 """
@@ -21,7 +22,13 @@ from typing import IO, Any
 from .backends import Matcher
 from .compiler import GrammarCompiler
 from .conformance import Record, judge_invalid_accepted, serialize
-from .errors import GrammarError, InvalidJSONError, InvalidSchemaError, UnsupportedGrammarError
+from .errors import (
+    GrammarError,
+    InvalidJSONError,
+    InvalidSchemaError,
+    NotFullyEnforcedError,
+    UnsupportedGrammarError,
+)
 from .grammars import Grammar
 from .known_vocabs import KNOWN_VOCABULARIES, load_smollm2_tokenizer, load_vocabulary, package_dir
 from .vocabulary import Vocabulary
@@ -79,6 +86,23 @@ class Checker:
         self.byte_ids = _byte_tokens(self.vocab)
         # One cache slot: outlines indexes are tens of MB each and schemas do not repeat.
         self.compiler = GrammarCompiler(self.vocab, threads=1, cache_size=1, timeout_s=1e9)
+        self._warm: set[tuple[str, str, bool]] = set()
+
+    def _warm_up(self, backend: str, grammar: Grammar) -> None:
+        """Bind the backend and build its per-vocabulary tables (xgrammar's tokenizer info
+        and token filter take seconds) outside the timed compilation."""
+        key = (backend, grammar.whitespace, grammar.strict)
+        if key in self._warm:
+            return
+        self._warm.add(key)
+        tiny = Grammar.json_schema(
+            {"type": "string"}, whitespace=grammar.whitespace, strict=grammar.strict
+        )
+        for name in self.compiler.auto_candidates() if backend == "auto" else (backend,):
+            try:
+                self.compiler.compile(tiny, name)
+            except GrammarError:
+                continue  # the real compilation reports the problem
 
     def check(self, request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> Record:
         path = Path(request["path"])
@@ -92,9 +116,11 @@ class Checker:
             )
         except (InvalidSchemaError, InvalidJSONError) as exc:
             return {**record, "status": "invalid_schema", "detail": str(exc)}
+        self._warm_up(backend, grammar)
+        emit({"event": "compiling"})
         try:
             compiled = self.compiler.compile(grammar, backend)
-        except UnsupportedGrammarError as exc:
+        except (UnsupportedGrammarError, NotFullyEnforcedError) as exc:
             return {**record, "status": "unsupported", "detail": str(exc)}
         except GrammarError as exc:
             return {**record, "status": "compile_error", "detail": str(exc)}

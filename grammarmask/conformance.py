@@ -239,6 +239,10 @@ class _Worker:
     """One child process and the thread that reads its protocol lines."""
 
     def __init__(self, argv: Sequence[str], options: ConformanceOptions) -> None:
+        self._phases = {
+            "compiling": ("compile", options.compile_timeout_s),
+            "compiled": ("check", options.check_timeout_s),
+        }
         self._argv = [*argv, "--vocab", options.vocab]
         self._options = options
         self._proc: subprocess.Popen[str] | None = None
@@ -246,7 +250,7 @@ class _Worker:
         self._stderr: IO[bytes] | None = None
 
     def _start(self) -> None:
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker)
         self._proc = subprocess.Popen(
             self._argv,
             stdin=subprocess.PIPE,
@@ -291,7 +295,7 @@ class _Worker:
         assert self._proc is not None and self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
-        phase, limit = "compile", self._options.compile_timeout_s
+        phase, limit = "backend set-up", self._options.start_timeout_s
         while True:
             try:
                 line = self._next(limit)
@@ -300,11 +304,11 @@ class _Worker:
                 return _failure(request, "timeout", f"{phase} took longer than {limit:g} s")
             if line is None:
                 return _failure(request, "crash", self._death())
-            message = json.loads(line)
-            if message["event"] == "compiled":
-                phase, limit = "check", self._options.check_timeout_s
+            event = json.loads(line)
+            if event["event"] in self._phases:
+                phase, limit = self._phases[event["event"]]
                 continue
-            return dict(message["record"])
+            return dict(event["record"])
 
     def _death(self) -> str:
         assert self._proc is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -372,12 +373,17 @@ class SchemaFuzzer:
         return self.report
 
 
+_EXPONENT = re.compile(r"[0-9][eE][+-]?[0-9]")
+
+
 def known_gap(text: str) -> str | None:
     """Why a backend may refuse this valid text by design (a gap the README documents)."""
     if "\\" in text:
         return "an escape sequence (xgrammar refuses them in length-limited strings)"
     if any("\x7f" <= ch <= "\x9f" for ch in text):
         return "U+007F-U+009F (outlines and llguidance refuse them raw)"
+    if _EXPONENT.search(text):
+        return "a number in exponent notation (refused next to numeric bounds)"
     return None
 
 
