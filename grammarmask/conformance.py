@@ -33,7 +33,7 @@ from typing import IO, Any
 import jsonschema
 from jsonschema.validators import validator_for
 
-from .enforcement import Unenforced
+from .enforcement import Unenforced, iter_subschemas
 
 STATUSES = ("compiled", "unsupported", "compile_error", "invalid_schema", "timeout", "crash")
 """What became of one (schema, backend) pair, in summary-table order."""
@@ -207,13 +207,28 @@ def validates(schema: Any, instance: Any) -> bool:
         return False
 
 
+def unchecked_formats(schema: Any) -> set[str]:
+    """Formats in `schema` that jsonschema cannot check here (uri, hostname and the date
+    formats need the jsonschema[format-nongpl] extra): a verdict that relies on them is
+    unverified, never a pass."""
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    known = cls.FORMAT_CHECKER.checkers
+    return {
+        node["format"]
+        for node, _ in iter_subschemas(schema)
+        if isinstance(node.get("format"), str) and node["format"] not in known
+    }
+
+
 def judge_invalid_accepted(schema: Any, unenforced: Sequence[Unenforced], instance: Any) -> str:
     """Why a matcher accepted an instance the corpus marks invalid: `label` (jsonschema
-    finds it valid after all), `explained` (declared unenforced keywords) or `defect`."""
+    finds it valid after all), `explained` (declared unenforced keywords), `unverified`
+    (either, but only because jsonschema cannot check a format here) or `defect`."""
     if validates(schema, instance):
-        return "label"
-    if unenforced and validates(loosen(schema, unenforced), instance):
-        return "explained"
+        return "unverified" if unchecked_formats(schema) else "label"
+    loose = loosen(schema, unenforced)
+    if unenforced and validates(loose, instance):
+        return "unverified" if unchecked_formats(loose) else "explained"
     return "defect"
 
 
@@ -420,6 +435,7 @@ SUMMARY_COLUMNS = (
     "invalid_rejected",
     "invalid_accepted_label",
     "invalid_accepted_explained",
+    "invalid_accepted_unverified",
     "invalid_accepted_defect",
     "bytes_tokens_disagree",
 )
@@ -449,6 +465,7 @@ def summary_table(totals: Mapping[str, Counter[str]]) -> str:
         "invalid_rejected": "invalid rej",
         "invalid_accepted_label": "label",
         "invalid_accepted_explained": "explained",
+        "invalid_accepted_unverified": "unverified",
         "invalid_accepted_defect": "DEFECT",
         "bytes_tokens_disagree": "bytes!=ids",
     }

@@ -58,6 +58,10 @@ def test_invalid_acceptances_are_explained_only_by_declared_keywords() -> None:
     assert cf.judge_invalid_accepted(schema, (), {"n": 10}) == "defect"
     # The corpus label says invalid, but jsonschema finds the instance valid.
     assert cf.judge_invalid_accepted(schema, declared, {"n": 3}) == "label"
+    # A format jsonschema cannot check here never turns an acceptance into a pass.
+    odd = {"type": "string", "format": "no-such-format"}
+    assert cf.unchecked_formats(odd) == {"no-such-format"}
+    assert cf.judge_invalid_accepted(odd, (), "x") == "unverified"
 
 
 def test_select_files_samples_reproducibly(tmp_path: Path) -> None:
