@@ -19,9 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .backends import Matcher
 from .compiler import GrammarCompiler
-from .conformance import Record, judge_invalid_accepted, serialize
+from .conformance import Record, byte_token_ids, feed, judge_invalid_accepted, serialize
 from .errors import (
     GrammarError,
     InvalidJSONError,
@@ -31,7 +30,6 @@ from .errors import (
 )
 from .grammars import Grammar
 from .known_vocabs import KNOWN_VOCABULARIES, load_smollm2_tokenizer, load_vocabulary, package_dir
-from .vocabulary import Vocabulary
 
 Encoder = Callable[[str], list[int]]
 
@@ -56,34 +54,13 @@ def load_encoder(name: str) -> Encoder:
     return lambda text: list(smollm2.encode(text, add_special_tokens=False))
 
 
-def _byte_tokens(vocab: Vocabulary) -> dict[int, int]:
-    """Byte value -> id of the token that is exactly that byte (first one wins)."""
-    table: dict[int, int] = {}
-    for token_id, token in enumerate(vocab.token_bytes):
-        if len(token) == 1:
-            table.setdefault(token[0], token_id)
-    return table
-
-
-def _accepts(matcher: Matcher, token_ids: Sequence[int]) -> tuple[bool, int]:
-    """(every token accepted and the matcher can stop, tokens accepted); state reset."""
-    accepted = 0
-    for token_id in token_ids:
-        if not matcher.accept(token_id):
-            break
-        accepted += 1
-    complete = accepted == len(token_ids) and matcher.can_stop()
-    matcher.reset()
-    return complete, accepted
-
-
 class Checker:
     """Holds what a worker loads once: vocabulary, tokenizer, compiler."""
 
     def __init__(self, vocab_name: str) -> None:
         self.vocab = load_vocabulary(vocab_name)
         self.encode = load_encoder(vocab_name)
-        self.byte_ids = _byte_tokens(self.vocab)
+        self.byte_ids = byte_token_ids(self.vocab)
         # One cache slot: outlines indexes are tens of MB each and schemas do not repeat.
         self.compiler = GrammarCompiler(self.vocab, threads=1, cache_size=1, timeout_s=1e9)
         self._warm: set[tuple[str, str, bool]] = set()
@@ -132,10 +109,10 @@ class Checker:
             text, determined = serialize(schema, test["data"], request["whitespace"])
             encoded = text.encode("utf-8")
             if all(b in self.byte_ids for b in encoded):
-                as_bytes = _accepts(matcher, [self.byte_ids[b] for b in encoded])
+                as_bytes = feed(matcher, [self.byte_ids[b] for b in encoded])
             else:
                 as_bytes = None
-            as_ids = _accepts(matcher, self.encode(text))
+            as_ids = feed(matcher, self.encode(text))
             if as_bytes is not None and as_bytes[0] != as_ids[0]:
                 counts["bytes_tokens_disagree"] += 1
                 findings.append({"test": index, "outcome": "bytes_tokens_disagree", "text": text})

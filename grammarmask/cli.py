@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .backends import AUTO, AUTO_ORDER, installed_backends
 from .compiler import GrammarCompiler
@@ -184,15 +185,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .demo import run_generate
 
     path = Path(args.schema)
-    try:
-        Grammar.json_schema(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        print(f"error: cannot read schema {path}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except GrammarError as exc:
-        print(f"error: {path}: {exc}", file=sys.stderr)
-        return 1
+    _, code = _read_schema(path, str(path))
+    if code:
+        return code
     return run_generate(path, args.prompt, stream=args.stream, max_new_tokens=args.max_tokens)
+
+
+def _read_schema(path: Path, label: str) -> tuple[Any, int]:
+    """(parsed schema, 0), or (None, exit code) after saying why: 2 unreadable, 1 invalid."""
+    try:
+        return Grammar.json_schema(path.read_text(encoding="utf-8")).schema, 0
+    except OSError as exc:
+        print(f"error: cannot read schema {label}: {exc.strerror}", file=sys.stderr)
+        return None, 2
+    except GrammarError as exc:
+        print(f"error: {label}: {exc}", file=sys.stderr)
+        return None, 1
+
+
+def _unknown_backends(names: Sequence[str]) -> int:
+    """2 after naming the backends that are neither installed nor 'auto', else 0."""
+    known = {*installed_backends(), "auto"}
+    unknown = [b for b in names if b not in known]
+    if unknown:
+        print(
+            f"error: unknown or uninstalled backend(s) {', '.join(unknown)}; "
+            f"choose from {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
 
 
 def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -238,15 +260,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     from . import conformance as cf
 
-    known = {*installed_backends(), "auto"}
     backends = args.backend or ["xgrammar"]
-    unknown = [b for b in backends if b not in known]
-    if unknown:
-        print(
-            f"error: unknown or uninstalled backend(s) {', '.join(unknown)}; "
-            f"choose from {', '.join(sorted(known))}",
-            file=sys.stderr,
-        )
+    if _unknown_backends(backends):
         return 2
     if args.resume and not args.json_out:
         print("error: --resume needs --json OUT", file=sys.stderr)
@@ -352,20 +367,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     installed = installed_backends()
     backends = args.backend or [b for b in ("xgrammar", "llguidance") if b in installed]
-    unknown = [b for b in backends if b not in {*installed, "auto"}]
-    if unknown:
-        print(f"error: unknown or uninstalled backend(s) {', '.join(unknown)}", file=sys.stderr)
+    if _unknown_backends(backends):
         return 2
     grammars = []
     for name, path in _fuzz_targets(args.schema):
-        try:
-            schema = Grammar.json_schema(path.read_text(encoding="utf-8")).schema
-        except OSError as exc:
-            print(f"error: cannot read schema {name}: {exc.strerror}", file=sys.stderr)
-            return 2
-        except GrammarError as exc:
-            print(f"error: {name}: {exc}", file=sys.stderr)
-            return 2
+        schema, code = _read_schema(path, name)
+        if code:
+            return code
         grammars.append((name, schema, Grammar.json_schema(schema, whitespace=args.whitespace)))
     vocab = load_vocabulary(args.vocab)
     compiler = GrammarCompiler(vocab, timeout_s=600)

@@ -33,7 +33,10 @@ from typing import IO, Any
 import jsonschema
 from jsonschema.validators import validator_for
 
+from .backends import Matcher
 from .enforcement import Unenforced, iter_subschemas
+from .grammars import resolve_pointer
+from .vocabulary import Vocabulary
 
 STATUSES = ("compiled", "unsupported", "compile_error", "invalid_schema", "timeout", "crash")
 """What became of one (schema, backend) pair, in summary-table order."""
@@ -172,18 +175,27 @@ def _item_schema(node: Mapping[str, Any], index: int) -> Any:
     return items if items is not None else {}
 
 
-def resolve_pointer(document: Any, pointer: str) -> Any:
-    """The node at an RFC 6901 `pointer` ("" is the root), or None."""
-    node = document
-    for raw in pointer.split("/")[1:] if pointer else []:
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+# ---------------------------------------------------------------------------- feeding
+def byte_token_ids(vocab: Vocabulary) -> dict[int, int]:
+    """Byte value -> id of the token that is exactly that byte (byte-level vocabularies
+    have all 256), for feeding text byte by byte."""
+    table: dict[int, int] = {}
+    for token_id, token in enumerate(vocab.token_bytes):
+        if len(token) == 1:
+            table.setdefault(token[0], token_id)
+    return table
+
+
+def feed(matcher: Matcher, token_ids: Sequence[int]) -> tuple[bool, int]:
+    """(every token accepted and the matcher can stop, tokens accepted); then reset."""
+    accepted = 0
+    for token_id in token_ids:
+        if not matcher.accept(token_id):
+            break
+        accepted += 1
+    complete = accepted == len(token_ids) and matcher.can_stop()
+    matcher.reset()
+    return complete, accepted
 
 
 # ---------------------------------------------------------------------------- judging

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .backends import CompiledGrammar, Matcher, words_per_row
-from .conformance import loosen, serialize, validates
+from .conformance import byte_token_ids, feed, loosen, serialize, validates
 from .vocabulary import Vocabulary
 
 PROPERTIES = ("soundness", "completeness", "differential", "state")
@@ -127,23 +127,10 @@ class _Walker:
         return b"".join(self.vocab.token_bytes[t] for t in tokens).decode("utf-8", "replace")
 
 
-def _byte_ids(vocab: Vocabulary) -> dict[int, int]:
-    table: dict[int, int] = {}
-    for token_id, token in enumerate(vocab.token_bytes):
-        if len(token) == 1:
-            table.setdefault(token[0], token_id)
-    return table
-
-
 def accepts_text(matcher: Matcher, byte_ids: dict[int, int], text: str) -> bool:
-    """Fed byte by byte, is `text` accepted to the end, with the matcher able to stop?"""
+    """Fed byte by byte from the start, is `text` accepted to the end, able to stop?"""
     matcher.reset()
-    try:
-        return all(matcher.accept(byte_ids[b]) for b in text.encode("utf-8")) and (
-            matcher.can_stop()
-        )
-    finally:
-        matcher.reset()
+    return feed(matcher, [byte_ids[b] for b in text.encode("utf-8")])[0]
 
 
 def _parse_json(text: str) -> Any:
@@ -176,7 +163,7 @@ class SchemaFuzzer:
         self.examples = examples
         self.max_tokens = max_tokens
         self.walker = _Walker(vocab)
-        self.byte_ids = _byte_ids(vocab)
+        self.byte_ids = byte_token_ids(vocab)
         self.report = FuzzReport(name)
         self._command = command
 

@@ -38,7 +38,8 @@ def json_pointer(path: Iterable[Any]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
-def _resolve_pointer(document: Any, pointer: str) -> bool:
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """The node at an RFC 6901 `pointer` ("" is the root), or None if there is none."""
     node = document
     for raw in pointer.split("/")[1:]:
         part = raw.replace("~1", "/").replace("~0", "~")
@@ -47,8 +48,8 @@ def _resolve_pointer(document: Any, pointer: str) -> bool:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return False
-    return True
+            return None
+    return node
 
 
 def _check_local_refs(schema: Any) -> None:
@@ -61,7 +62,7 @@ def _check_local_refs(schema: Any) -> None:
             if (
                 isinstance(ref, str)
                 and ref.startswith("#/")
-                and not _resolve_pointer(schema, ref[1:])
+                and resolve_pointer(schema, ref[1:]) is None
             ):
                 raise InvalidSchemaError(
                     f"$ref {ref!r} does not resolve to any part of the schema",
