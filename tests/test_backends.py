@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -263,3 +264,32 @@ def test_llguidance_schema_options_cannot_loosen_it(deepseek_compiler: gm.Gramma
     schema = {"type": "integer", "not": {"const": 3}, "x-guidance": {"lenient": True}}
     with pytest.raises(gm.UnsupportedGrammarError, match='Unimplemented keys: \\["not"\\]'):
         deepseek_compiler.compile(gm.Grammar.json_schema(schema), "llguidance")
+
+
+def test_llguidance_matchers_of_one_grammar_fill_identically_from_two_threads(
+    deepseek_compiler: gm.GrammarCompiler,
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    """Copies of one compiled grammar share llguidance's lazily built lexer states; filling
+    them from two threads (the GIL is released) must give the masks of a lone walk."""
+    schema = bundled_schema("person")
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), "llguidance")
+    walks = [
+        deepseek_encode(json.dumps(e, separators=(",", ":"), ensure_ascii=False))
+        for e in schema["examples"]
+    ]
+
+    def masks(ids: list[int]) -> torch.Tensor:
+        matcher = compiled.matcher()
+        rows = torch.zeros(len(ids) + 1, gm.words_per_row(deepseek.size), dtype=torch.int32)
+        for position, token in enumerate([*ids, None]):
+            matcher.fill(rows, position)
+            if token is not None:
+                assert matcher.accept(token)
+        return rows
+
+    alone = [masks(ids) for ids in walks]
+    with ThreadPoolExecutor(2) as threads:
+        together = list(threads.map(masks, walks * 4))
+    assert all(torch.equal(t, alone[i % len(walks)]) for i, t in enumerate(together))
