@@ -390,6 +390,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         fuzzer = SchemaFuzzer(
             name, schema, compiled, vocab, seed=args.seed, examples=args.examples,
             max_tokens=args.max_tokens,
+            command=f"grammarmask fuzz --vocab {args.vocab} --whitespace {args.whitespace}",
         )  # fmt: skip
         report = fuzzer.run(args.property or PROPERTIES)
         findings.extend(report.findings)

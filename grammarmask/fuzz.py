@@ -168,9 +168,11 @@ class SchemaFuzzer:
         self._command = command
 
     def command(self, backend: str) -> str:
+        """The CLI line that replays a property on `backend` ("a+b" for a differential)."""
+        backends = " ".join(f"--backend {b}" for b in backend.split("+"))
         return (
-            f"{self._command} {self.name} --backend {backend} --seed {self.seed} "
-            f"--examples {self.examples}"
+            f"{self._command} {self.name} {backends} --seed {self.seed} "
+            f"--examples {self.examples} --max-tokens {self.max_tokens}"
         )
 
     def _run(self, prop: str, backend: str, strategy: Any, check: Callable[[Any], None]) -> None:

@@ -64,13 +64,18 @@ def test_soundness_catches_an_undeclared_looseness_with_a_reproducing_command(
     assert not report.findings and report.counts["xgrammar"]["walks_declared"] >= 1
     # The same real grammar, claiming to enforce everything: the walks must catch it.
     hidden = dataclasses.replace(real, unenforced=())
-    report = SchemaFuzzer(
-        "seven.json", schema, {"xgrammar": hidden}, deepseek, examples=EXAMPLES, seed=3
-    ).run(["soundness"])
-    [finding] = report.findings
+    runs = [
+        SchemaFuzzer(
+            "seven.json", schema, {"xgrammar": hidden}, deepseek, examples=EXAMPLES, seed=3
+        ).run(["soundness"])
+        for _ in range(2)
+    ]
+    [finding] = runs[0].findings
+    assert [f.message for f in runs[1].findings] == [finding.message]  # the seed replays it
     assert finding.prop == "soundness" and "invalid for the schema" in finding.message
     assert finding.command == (
-        f"grammarmask fuzz seven.json --backend xgrammar --seed 3 --examples {EXAMPLES}"
+        f"grammarmask fuzz seven.json --backend xgrammar --seed 3 --examples {EXAMPLES} "
+        "--max-tokens 256"
     )
 
 
@@ -88,6 +93,7 @@ def test_differential_reports_backends_that_disagree(
     fuzzer.differential(BACKENDS)
     [finding] = fuzzer.report.findings
     assert finding.backend == "xgrammar+llguidance" and "disagree" in finding.message
+    assert "--backend xgrammar --backend llguidance" in finding.command
 
 
 def test_known_gaps_name_their_cause() -> None:
