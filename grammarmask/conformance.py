@@ -277,6 +277,8 @@ class _Worker:
         self._stderr: IO[bytes] | None = None
 
     def _start(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker)
         self._proc = subprocess.Popen(
             self._argv,
@@ -288,8 +290,12 @@ class _Worker:
         )
         self._lines = queue.Queue()
         threading.Thread(target=self._read, args=(self._proc, self._lines), daemon=True).start()
-        ready = self._next(self._options.start_timeout_s)
+        try:
+            ready = self._next(self._options.start_timeout_s)
+        except queue.Empty:
+            ready = None
         if ready is None or json.loads(ready).get("event") != "ready":
+            self.close()
             raise RuntimeError(f"the conformance worker did not start: {self._error_tail()}")
 
     @staticmethod

@@ -140,3 +140,11 @@ def test_a_worker_crash_or_hang_costs_one_schema_and_the_run_goes_on(tmp_path: P
     assert [by_name[n]["status"] for n in names] == ["crash", "compiled", "timeout", "compiled"]
     assert by_name[names[0]]["detail"].startswith(f"killed by {signal.SIGSEGV.name}")
     assert by_name[names[2]]["detail"] == "compile took longer than 5 s"
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_its_error() -> None:
+    argv = [sys.executable, "-c", "import sys; sys.exit('no vocabulary here')"]
+    with pytest.raises(RuntimeError, match="did not start: no vocabulary here"):
+        cf.run_conformance(
+            cf.select_files(SAMPLE, limit=1), ["xgrammar"], cf.ConformanceOptions(), argv=argv
+        )
