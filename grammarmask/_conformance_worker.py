@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from .compiler import GrammarCompiler
-from .conformance import Record, byte_token_ids, feed, judge_invalid_accepted, serialize
+from .conformance import (
+    Record,
+    byte_token_ids,
+    feed,
+    judge_invalid_accepted,
+    serialize,
+    validates,
+)
 from .errors import (
     GrammarError,
     InvalidJSONError,
@@ -126,7 +133,13 @@ class Checker:
                 outcome = "valid_rejected" if determined else "valid_rejected_key_order"
                 counts[outcome] += 1
                 findings.append(
-                    {"test": index, "outcome": outcome, "at_byte": _at_byte(as_bytes), "text": text}
+                    {
+                        "test": index,
+                        "outcome": outcome,
+                        "at_byte": _at_byte(as_bytes),
+                        "jsonschema_valid": validates(schema, test["data"]),  # doubtful label?
+                        "text": text,
+                    }
                 )
                 continue
             accepted = as_ids[0] or (as_bytes is not None and as_bytes[0])
