@@ -5,7 +5,8 @@ formats it really enforces (measured, see tests/test_enforcement.py); every othe
 constraint found in a schema is reported as `Unenforced`, with its JSON pointer. The
 report is an allowlist check: a keyword of the JSON Schema vocabulary (drafts 4 to 2020-12)
 that a backend does not list is reported, never trusted. Keywords outside that vocabulary
-(`x-...`, `_format`, typos) constrain nothing — validators ignore them — and are skipped.
+(`x-...`, `_format`, typos) and formats outside FORMATS constrain nothing — validators
+ignore them — and are skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ VOCABULARY = frozenset(
 )  # fmt: skip
 """Keywords that can constrain an instance in some JSON Schema draft; the others ($id, title,
 $defs, examples, x-..., ...) are annotations or unknown, and validators ignore them."""
+
+FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
+        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid",
+        "uri-template", "json-pointer", "relative-json-pointer", "regex",
+    }
+)  # fmt: skip
+"""The formats JSON Schema defines. Validators check no other (OpenAPI's int32, double, ...),
+so another `format` constrains nothing and is not reported."""
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -95,7 +106,7 @@ def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, .
             if keyword not in VOCABULARY:
                 continue
             if keyword == "format":
-                if value not in support.formats:
+                if value in FORMATS and value not in support.formats:
                     note = dict(support.format_notes).get(value, "is not checked")
                     found.append(Unenforced(pointer, "format", f"format {value!r} {note}"))
             elif keyword not in support.enforced:

@@ -165,7 +165,6 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
     ("format-ipv6", S(type="string", format="ipv6"), "::1", "1:2", {LL}),
     ("format-hostname", S(type="string", format="hostname"), "example.com", "-x-.com", {X, LL}),
     ("format-duration", S(type="string", format="duration"), "P1D", "1D", {LL}),
-    ("format-unknown", S(type="string", format="credit-card"), "4111", "x", set()),
     (
         "unevaluatedProperties",
         S(type="object", properties=S(a=S(type="integer")), unevaluatedProperties=False),
@@ -270,3 +269,18 @@ def test_keywords_outside_the_vocabulary_are_not_constraints(
     }
     found = gm.create_backend(backend, deepseek).unenforced(gm.Grammar.json_schema(schema))
     assert [(u.pointer, u.keyword) for u in found] == [("", "dependencies")]
+
+
+def test_formats_json_schema_does_not_define_are_not_constraints(
+    deepseek_compiler: gm.GrammarCompiler,
+) -> None:
+    """No validator checks format "credit-card" (nor OpenAPI's "int32"): no backend declares
+    it; llguidance refuses string formats it does not know at compile time, so auto serves
+    such a schema with xgrammar."""
+    grammar = gm.Grammar.json_schema({"type": "string", "format": "credit-card"})
+    for backend in (X, OL, LL):
+        assert deepseek_compiler.backend(backend).unenforced(grammar) == ()
+    with pytest.raises(gm.UnsupportedGrammarError, match="Unknown format: credit-card"):
+        deepseek_compiler.compile(grammar, LL)
+    chosen = deepseek_compiler.compile(grammar, "auto")
+    assert chosen.backend == X and chosen.fully_enforced
