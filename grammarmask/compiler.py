@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from .backends import AUTO, AUTO_ORDER, Backend, CompiledGrammar, create_backend, installed_backends
+from .backends import AUTO, Backend, CompiledGrammar, auto_order, create_backend, installed_backends
 from .errors import (
     CompileTimeoutError,
     GrammarError,
@@ -67,10 +67,11 @@ class GrammarCompiler:
                 self._backends[name] = create_backend(name, self.vocab)
             return self._backends[name]
 
-    def auto_candidates(self) -> tuple[str, ...]:
-        """The backends `auto` tries, in order: installed ones and any given to this compiler."""
+    def auto_candidates(self, kind: str = "json_schema") -> tuple[str, ...]:
+        """The backends `auto` tries for a kind of grammar, in order: installed ones and any
+        given to this compiler."""
         available = set(installed_backends()) | set(self._backends)
-        return tuple(name for name in AUTO_ORDER if name in available)
+        return tuple(name for name in auto_order(kind) if name in available)
 
     def submit(
         self, grammar: Grammar, backend: str = "xgrammar", *, allow_unenforced: bool = False
@@ -115,7 +116,7 @@ class GrammarCompiler:
         """The auto choice; runs on a selector thread and waits on cached compilations."""
         reasons: dict[str, tuple[str, ...]] = {}
         assessed: list[tuple[str, int]] = []
-        for name in self.auto_candidates():
+        for name in self.auto_candidates(grammar.kind):
             try:
                 unenforced = self.backend(name).unenforced(grammar)
             except GrammarError as exc:
@@ -130,7 +131,9 @@ class GrammarCompiler:
                 return self.compile(grammar, name)
             except GrammarError as exc:
                 reasons[name] = (str(exc),)
-        ordered = {name: reasons[name] for name in self.auto_candidates() if name in reasons}
+        ordered = {
+            name: reasons[name] for name in self.auto_candidates(grammar.kind) if name in reasons
+        }
         listed = "; ".join(f"{name}: {', '.join(why)}" for name, why in ordered.items())
         if allow_unenforced:
             raise UnsupportedGrammarError(

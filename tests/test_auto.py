@@ -19,6 +19,11 @@ PLAIN = {
     "additionalProperties": False,
 }
 UNIQUE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True}
+MIN_PROPERTIES = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "minProperties": 1,
+}
 OVERLAPPING_ONE_OF = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
 
 
@@ -40,17 +45,28 @@ def test_auto_picks_llguidance_and_shares_its_cache_entry(compiler: gm.GrammarCo
     assert compiler.compile(grammar, "auto") is chosen
 
 
-def test_auto_moves_on_when_a_backend_cannot_compile(
+def test_auto_moves_on_when_a_backend_refuses_at_compile_time(
     compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
 ) -> None:
-    """llguidance's EBNF converter mangles \\u escapes in classes; xgrammar serves it."""
+    """llguidance compiles minProperties on an open object only when every listed property
+    is required; xgrammar enforces it."""
+    grammar = gm.Grammar.json_schema(MIN_PROPERTIES)
+    assert compiler.backend("llguidance").unenforced(grammar) == ()
+    with pytest.raises(gm.UnsupportedGrammarError, match="min/maxProperties only supported"):
+        compiler.compile(grammar, "llguidance")
+    chosen = compiler.compile(grammar, "auto")
+    assert chosen.backend == "xgrammar" and chosen.fully_enforced
+    assert accepts_all(chosen.matcher(), deepseek_encode('{"b":2}'))
+    assert not accepts_all(chosen.matcher(), deepseek_encode("{}"))
+
+
+def test_ebnf_goes_to_xgrammar_first(compiler: gm.GrammarCompiler) -> None:
+    """Grammar.ebnf is xgrammar's dialect; llguidance's converter mangles some of it."""
+    assert compiler.auto_candidates("ebnf") == ("xgrammar", "llguidance", "outlines")
     grammar = gm.Grammar.ebnf("root ::= [\\u0041-\\u005A]+")
     with pytest.raises(gm.CompileError, match="llguidance cannot compile"):
         compiler.compile(grammar, "llguidance")
-    chosen = compiler.compile(grammar, "auto")
-    assert chosen.backend == "xgrammar"
-    assert accepts_all(chosen.matcher(), deepseek_encode("HELLO"))
-    assert not accepts_all(chosen.matcher(), deepseek_encode("hello"))
+    assert compiler.compile(grammar, "auto").backend == "xgrammar"
 
 
 def test_auto_skips_backends_that_refuse_or_leave_constraints_out(

@@ -22,6 +22,14 @@ silently (its table declares them). outlines last: index builds take seconds and
 regular languages only."""
 
 
+def auto_order(kind: str) -> tuple[str, ...]:
+    """AUTO_ORDER, except that EBNF goes to xgrammar first: `Grammar.ebnf` is validated in
+    xgrammar's dialect, which llguidance only reads through its GBNF-to-Lark converter."""
+    if kind == "ebnf":
+        return ("xgrammar", *(name for name in AUTO_ORDER if name != "xgrammar"))
+    return AUTO_ORDER
+
+
 def backend_names() -> tuple[str, ...]:
     """Every backend grammarmask knows, installed or not."""
     return tuple(_MODULES)
@@ -62,6 +70,7 @@ __all__ = [
     "Backend",
     "CompiledGrammar",
     "Matcher",
+    "auto_order",
     "backend_names",
     "create_backend",
     "installed_backends",

@@ -18,7 +18,7 @@ import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from ..enforcement import LLGUIDANCE_SUPPORT, Unenforced, find_unenforced, iter_subschemas
-from ..errors import CompileError, UnsupportedGrammarError
+from ..errors import CompileError, UnsupportedGrammarError, VocabularyError
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
@@ -164,7 +164,7 @@ class LLGuidanceBackend(Backend):
         self._tokenizer = llguidance.LLTokenizer(source, eos_token=list(vocab.stop_token_ids))
         source.greedy = self._tokenizer
         if self._tokenizer.vocab_size != vocab.size:
-            raise CompileError(
+            raise VocabularyError(
                 f"llguidance built a vocabulary of {self._tokenizer.vocab_size} ids "
                 f"for logits width {vocab.size}"
             )
