@@ -113,3 +113,21 @@ def test_fuzz_cli_prints_a_table_and_refuses_unknown_backends(
     assert row.split()[:4] == ["function_call", "xgrammar", "full", "3"]
     assert main(["fuzz", "function_call", "--backend", "nonesuch"]) == 2
     assert main(["fuzz", "no_such_schema"]) == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="xgrammar 0.2.9 accepts a UTF-8-encoded UTF-16 surrogate (ED A1 A1) inside JSON "
+    "strings: invalid UTF-8, so not JSON (found by `grammarmask fuzz product_review "
+    "--backend xgrammar --examples 50`); llguidance refuses it",
+)
+def test_xgrammar_refuses_encoded_surrogates(
+    deepseek: gm.Vocabulary, fuzz_compiler: gm.GrammarCompiler
+) -> None:
+    from grammarmask.conformance import byte_token_ids, feed
+
+    byte_ids = byte_token_ids(deepseek)
+    matcher = fuzz_compiler.compile(
+        gm.Grammar.json_schema({"type": "string"}), "xgrammar"
+    ).matcher()
+    assert feed(matcher, [byte_ids[b] for b in b'"\xed\xa1\xa1"']) == (False, 2)
