@@ -109,6 +109,7 @@ def faulty(self, request, emit):
     if "{crash}" in request["path"]:
         ctypes.string_at(0)  # a real segfault, as a native backend bug would cause
     if "{hang}" in request["path"]:
+        emit({"event": "compiling"})
         time.sleep(3600)  # a compilation that never ends
     return check(self, request, emit)
 
