@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .backends import (
+    AUTO_ORDER,
     Backend,
     CompiledGrammar,
     Matcher,
@@ -24,6 +25,7 @@ from .errors import (
     InvalidJSONError,
     InvalidRegexError,
     InvalidSchemaError,
+    NotFullyEnforcedError,
     UnsupportedGrammarError,
     VocabularyError,
 )
@@ -34,6 +36,7 @@ from .steps import BatchError, StepMasks
 from .vocabulary import Vocabulary
 
 __all__ = [
+    "AUTO_ORDER",
     "ApplyError",
     "Backend",
     "BatchError",
@@ -54,6 +57,7 @@ __all__ = [
     "MaskFuture",
     "Matcher",
     "MatcherPool",
+    "NotFullyEnforcedError",
     "RequestState",
     "StepMasks",
     "Unenforced",

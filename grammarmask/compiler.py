@@ -6,18 +6,27 @@ compilation instead of starting another. Failures are cached too: a bad spec sen
 fails twice at once. The cache is bounded in entries and in bytes (each compiled grammar's
 `memory_bytes`); the least recently used entries go first. Eviction only drops the cache's
 reference: requests already serving a grammar keep it.
+
+backend="auto" picks per grammar the first backend of `AUTO_ORDER` that enforces all of it
+(nothing declared unenforced, and its compile does not refuse it); each actual backend's
+compilation is cached as if asked for by name.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from .backends import Backend, CompiledGrammar, create_backend
-from .errors import CompileTimeoutError
+from .backends import AUTO, Backend, CompiledGrammar, auto_order, create_backend, installed_backends
+from .errors import (
+    CompileTimeoutError,
+    GrammarError,
+    NotFullyEnforcedError,
+    UnsupportedGrammarError,
+)
 from .grammars import Grammar
 from .vocabulary import Vocabulary
 
@@ -56,6 +65,8 @@ class GrammarCompiler:
         self._backends: dict[str, Backend] = dict(backends or {})
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-compile")
+        # auto selections wait on compilations: on their own threads, so they cannot starve them
+        self._selector = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-auto")
 
     def backend(self, name: str) -> Backend:
         """The named backend bound to this vocabulary, created once."""
@@ -64,28 +75,66 @@ class GrammarCompiler:
                 self._backends[name] = create_backend(name, self.vocab)
             return self._backends[name]
 
-    def submit(self, grammar: Grammar, backend: str = "xgrammar") -> Future[CompiledGrammar]:
-        """Start (or join) the compilation of `grammar`; returns at once."""
+    def auto_candidates(self, kind: str = "json_schema") -> tuple[str, ...]:
+        """The backends `auto` tries for a kind of grammar, in order: installed ones and any
+        given to this compiler."""
+        available = set(installed_backends()) | set(self._backends)
+        return tuple(name for name in auto_order(kind) if name in available)
+
+    def submit(
+        self, grammar: Grammar, backend: str = "xgrammar", *, allow_unenforced: bool = False
+    ) -> Future[CompiledGrammar]:
+        """Start (or join) the compilation of `grammar`; returns at once.
+
+        backend="auto" refuses (NotFullyEnforcedError, with each backend's reasons) a grammar
+        that no backend enforces fully, unless `allow_unenforced`: then the backend that
+        leaves out the fewest constraints serves it, and `CompiledGrammar.unenforced` says
+        what. `allow_unenforced` changes nothing for a named backend, which always serves
+        what it compiles and declares the rest.
+        """
         if not isinstance(grammar, Grammar):
             raise TypeError(
                 f"expected a grammarmask Grammar, not {type(grammar).__name__}; "
                 "build one with Grammar.json_schema(...), .regex(...), .ebnf(...) or .choice(...)"
             )
+        if backend == AUTO:
+            label = "auto-allow-unenforced" if allow_unenforced else AUTO
+            # an auto entry shares the compiled grammar of a named entry: it holds no bytes
+            return self._cached(
+                (label, grammar.key, self.vocab.fingerprint),
+                self._selector,
+                lambda: self._select(grammar, allow_unenforced),
+                counted=False,
+            )
         engine = self.backend(backend)
-        key: CacheKey = (backend, grammar.key, self.vocab.fingerprint)
+        return self._cached(
+            (backend, grammar.key, self.vocab.fingerprint),
+            self._executor,
+            lambda: engine.compile(grammar),
+            counted=True,
+        )
+
+    def _cached(
+        self,
+        key: CacheKey,
+        executor: ThreadPoolExecutor,
+        work: Callable[[], CompiledGrammar],
+        *,
+        counted: bool,
+    ) -> Future[CompiledGrammar]:
         with self._lock:
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
                 return future
-            future = self._executor.submit(self._compile, key, engine, grammar)
+            future = executor.submit(self._counting, key, work) if counted else executor.submit(work)
             self._cache[key] = future
             self._evict()
             return future
 
-    def _compile(self, key: CacheKey, engine: Backend, grammar: Grammar) -> CompiledGrammar:
+    def _counting(self, key: CacheKey, work: Callable[[], CompiledGrammar]) -> CompiledGrammar:
         """Compile, then count the bytes before anyone sees the result (failures hold none)."""
-        compiled = engine.compile(grammar)
+        compiled = work()
         with self._lock:
             if key in self._cache and key not in self._sizes:
                 self._sizes[key] = compiled.memory_bytes
@@ -101,13 +150,54 @@ class GrammarCompiler:
             key, _ = self._cache.popitem(last=False)
             self._bytes -= self._sizes.pop(key, 0)
 
+    def _select(self, grammar: Grammar, allow_unenforced: bool) -> CompiledGrammar:
+        """The auto choice; runs on a selector thread and waits on cached compilations."""
+        reasons: dict[str, tuple[str, ...]] = {}
+        assessed: list[tuple[str, int]] = []
+        for name in self.auto_candidates(grammar.kind):
+            try:
+                unenforced = self.backend(name).unenforced(grammar)
+            except GrammarError as exc:
+                reasons[name] = (str(exc),)
+                continue
+            if unenforced and not allow_unenforced:
+                reasons[name] = tuple(str(item) for item in unenforced)
+            else:
+                assessed.append((name, len(unenforced)))
+        for name, _ in sorted(assessed, key=lambda item: item[1]):
+            try:
+                return self.compile(grammar, name)
+            except GrammarError as exc:
+                reasons[name] = (str(exc),)
+        ordered = {
+            name: reasons[name] for name in self.auto_candidates(grammar.kind) if name in reasons
+        }
+        listed = "; ".join(f"{name}: {', '.join(why)}" for name, why in ordered.items())
+        if allow_unenforced:
+            raise UnsupportedGrammarError(
+                f"no installed backend can serve {grammar.describe()}: {listed or 'none installed'}"
+            )
+        raise NotFullyEnforcedError(
+            f"no installed backend enforces all of {grammar.describe()} ({listed}); "
+            "pass allow_unenforced=True to serve it with the backend that leaves out the "
+            "fewest constraints",
+            ordered,
+        )
+
     def compile(
-        self, grammar: Grammar, backend: str = "xgrammar", *, timeout_s: float | None = None
+        self,
+        grammar: Grammar,
+        backend: str = "xgrammar",
+        *,
+        timeout_s: float | None = None,
+        allow_unenforced: bool = False,
     ) -> CompiledGrammar:
         """Compile and wait; raises the backend's GrammarError or CompileTimeoutError."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            return self.submit(grammar, backend).result(timeout=limit)
+            return self.submit(grammar, backend, allow_unenforced=allow_unenforced).result(
+                timeout=limit
+            )
         except FutureTimeout:
             raise CompileTimeoutError(
                 f"compiling {grammar.describe()} on {backend} took longer than {limit:g} s"
@@ -125,4 +215,5 @@ class GrammarCompiler:
 
     def close(self) -> None:
         """Stop the worker threads; compilations in flight are abandoned."""
+        self._selector.shutdown(wait=False, cancel_futures=True)
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -3,7 +3,10 @@
 Backends compile many keywords they then ignore. Each backend declares the keywords and
 formats it really enforces (measured, see tests/test_enforcement.py); every other
 constraint found in a schema is reported as `Unenforced`, with its JSON pointer. The
-report is an allowlist check: a keyword nobody listed is reported, never trusted.
+report is an allowlist check: a keyword of the JSON Schema vocabulary (drafts 4 to 2020-12)
+that a backend does not list is reported, never trusted. Keywords outside that vocabulary
+(`x-...`, `_format`, typos) and formats outside FORMATS constrain nothing — validators
+ignore them — and are skipped.
 """
 
 from __future__ import annotations
@@ -14,15 +17,30 @@ from typing import Any
 
 from .grammars import json_pointer
 
-ANNOTATIONS = frozenset(
+VOCABULARY = frozenset(
     {
-        "$schema", "$id", "$anchor", "$comment", "$vocabulary", "$defs", "definitions",
-        "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-        "contentMediaType", "contentEncoding", "contentSchema", "$dynamicAnchor",
-        "$recursiveAnchor",
+        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+        "exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "items",
+        "additionalItems", "prefixItems", "contains", "minContains", "maxContains", "maxItems",
+        "minItems", "uniqueItems", "maxProperties", "minProperties", "required", "properties",
+        "patternProperties", "additionalProperties", "dependencies", "dependentRequired",
+        "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if", "then",
+        "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef",
+        "$recursiveRef",
     }
 )  # fmt: skip
-"""Keywords that never constrain an instance."""
+"""Keywords that can constrain an instance in some JSON Schema draft; the others ($id, title,
+$defs, examples, x-..., ...) are annotations or unknown, and validators ignore them."""
+
+FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
+        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid",
+        "uri-template", "json-pointer", "relative-json-pointer", "regex",
+    }
+)  # fmt: skip
+"""The formats JSON Schema defines. Validators check no other (OpenAPI's int32, double, ...),
+so another `format` constrains nothing and is not reported."""
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -85,10 +103,10 @@ def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, .
     found: list[Unenforced] = []
     for node, pointer in iter_subschemas(schema):
         for keyword, value in node.items():
-            if keyword in ANNOTATIONS:
+            if keyword not in VOCABULARY:
                 continue
             if keyword == "format":
-                if value not in support.formats:
+                if value in FORMATS and value not in support.formats:
                     note = dict(support.format_notes).get(value, "is not checked")
                     found.append(Unenforced(pointer, "format", f"format {value!r} {note}"))
             elif keyword not in support.enforced:
@@ -152,3 +170,20 @@ OUTLINES_SUPPORT = KeywordSupport(
 """outlines-core 0.2.14. Drops numeric bounds, multipleOf, maxProperties, patternProperties,
 propertyNames, oneOf exclusivity, not, if/then/else, dependentRequired, unevaluated*;
 refuses allOf."""
+
+LLGUIDANCE_SUPPORT = KeywordSupport(
+    enforced=_COMMON
+    | {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "maxProperties", "allOf", "oneOf", "patternProperties",
+    },
+    formats=_COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},
+    format_notes=(
+        ("date", "is approximated: February 29 passes in every year"),
+        ("date-time", "is approximated: February 29 passes in every year"),
+    ),
+)  # fmt: skip
+"""llguidance 1.9.1 with lenient=False. It refuses at compile time what it does not
+implement (not, if/then/else, contains, uniqueItems, propertyNames, dependentRequired,
+dependentSchemas, unevaluated*, unknown formats, oneOf it cannot prove exclusive), so this
+list only has to be honest about what it compiles."""

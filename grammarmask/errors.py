@@ -54,3 +54,12 @@ class CompileTimeoutError(GrammarError):
 class GrammarTooLargeError(GrammarError):
     """A spec over a size or nesting limit (`GrammarLimits`): bounded before any backend
     spends memory, threads or Python's recursion limit on it."""
+
+
+class NotFullyEnforcedError(GrammarError):
+    """backend="auto" found no installed backend that enforces all of a grammar; `reasons`
+    maps each backend to what it leaves out or why it refused."""
+
+    def __init__(self, message: str, reasons: dict[str, tuple[str, ...]]) -> None:
+        super().__init__(message)
+        self.reasons = reasons

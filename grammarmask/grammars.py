@@ -63,7 +63,8 @@ def json_pointer(path: Iterable[Any]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
-def _resolve_pointer(document: Any, pointer: str) -> bool:
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """The node at an RFC 6901 `pointer` ("" is the root), or None if there is none."""
     node = document
     for raw in pointer.split("/")[1:]:
         part = unquote(raw).replace("~1", "/").replace("~0", "~")
@@ -72,8 +73,8 @@ def _resolve_pointer(document: Any, pointer: str) -> bool:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return False
-    return True
+            return None
+    return node
 
 
 def _check_size(what: str, size: int, limits: GrammarLimits) -> None:
@@ -127,7 +128,7 @@ def _check_refs(schema: Any, refs: list[tuple[str, str]], anchors: set[str]) -> 
             )
         fragment = ref[1:]
         found = (
-            _resolve_pointer(schema, fragment)
+            resolve_pointer(schema, fragment) is not None
             if fragment == "" or fragment.startswith("/")
             else fragment in anchors
         )

@@ -142,8 +142,11 @@ class MatcherTable:
         grammar: Grammar,
         backend: str,
         compile_timeout_s: float | None = None,
+        *,
+        allow_unenforced: bool = False,
     ) -> RequestState:
-        """`compile_timeout_s` overrides the table's (a replay of a grammar known to compile)."""
+        """`compile_timeout_s` overrides the table's (a replay of a grammar known to compile);
+        `allow_unenforced` lets backend="auto" serve a grammar no backend enforces fully."""
         timeout = self.compile_timeout_s if compile_timeout_s is None else compile_timeout_s
         with self._lock:
             if request_id in self._requests:
@@ -151,7 +154,7 @@ class MatcherTable:
             request = _Request(
                 request_id,
                 grammar,
-                self._compiler.submit(grammar, backend),
+                self._compiler.submit(grammar, backend, allow_unenforced=allow_unenforced),
                 time.monotonic() + timeout,
                 backend=backend,
             )
@@ -206,6 +209,7 @@ class MatcherTable:
         except GrammarError as exc:
             request.fail(f"grammar error: {exc}")
             return None
+        request.backend = compiled.backend
         request.unenforced = compiled.unenforced
         request.matcher = compiled.matcher()
         return request.matcher

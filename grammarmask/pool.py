@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from .backends import backend_names, words_per_row
+from .backends import AUTO, backend_names, words_per_row
 from .compiler import GrammarCompiler
 from .errors import GrammarMaskError
 from .grammars import Grammar
@@ -55,7 +55,14 @@ __all__ = ["MaskFuture", "MatcherPool", "RequestFault", "RequestState", "Status"
 class _Executor(Protocol):
     """Where the matchers live: threads of this process, or worker processes."""
 
-    def add(self, request_id: RequestId, grammar: Grammar, backend: str) -> RequestState: ...
+    def add(
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        backend: str,
+        *,
+        allow_unenforced: bool = False,
+    ) -> RequestState: ...
     def remove(self, request_id: RequestId) -> None: ...
     def state(self, request_id: RequestId) -> RequestState: ...
     def commit(self, request_id: RequestId, tokens: Sequence[int]) -> RequestState: ...
@@ -122,7 +129,9 @@ class MatcherPool:
     bounds the rows of one step: the host (and device) mask buffers are allocated once for
     it, in a ring of `ring_slots` steps (in shared memory with process isolation).
     `backend_factory` adds backends by name (built in each worker process; `compiler`, a
-    ready compiler, works with threads only).
+    ready compiler, works with threads only). backend="auto" serves each grammar with a
+    backend that enforces all of it (see GrammarCompiler.submit); `allow_unenforced` opts in
+    to loose enforcement for grammars no backend enforces fully.
     """
 
     def __init__(
@@ -140,6 +149,7 @@ class MatcherPool:
         compiler: GrammarCompiler | None = None,
         backend_factory: BackendFactory | None = None,
         device_ops: DeviceOps | None = None,
+        allow_unenforced: bool = False,
     ) -> None:
         if isolation not in ("thread", "process"):
             raise ValueError(f"isolation must be 'thread' or 'process', not {isolation!r}")
@@ -153,6 +163,7 @@ class MatcherPool:
             raise ValueError(f"max_drafts must be at least 0, not {max_drafts}")
         self.max_drafts = max_drafts
         self.compile_timeout_s = compile_timeout_s
+        self.allow_unenforced = allow_unenforced
         self._words = words_per_row(vocab.size)
         if device_ops is None and device is not None and torch.device(device).type == "cuda":
             device_ops = CudaOps(torch.device(device))
@@ -163,9 +174,10 @@ class MatcherPool:
                 raise ValueError(
                     "a compiler cannot move into worker processes; pass backend_factory"
                 )
-            if backend_factory is None and backend not in backend_names():
+            if backend_factory is None and backend not in (*backend_names(), AUTO):
                 raise GrammarMaskError(
-                    f"unknown backend {backend!r}; choose from {', '.join(backend_names())}"
+                    f"unknown backend {backend!r}; choose from "
+                    f"{', '.join((*backend_names(), AUTO))}"
                 )
             from .workers import ProcessExecutor, SharedRing
 
@@ -191,7 +203,8 @@ class MatcherPool:
             )
             chosen = compiler or self._owned_compiler
             assert chosen is not None
-            chosen.backend(backend)  # fail now on an unknown or missing backend
+            if backend != AUTO:
+                chosen.backend(backend)  # fail now on an unknown or missing backend
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots)
             self._executor = _ThreadExecutor(vocab, chosen, compile_timeout_s, self.workers)
         self._coordinator = ThreadPoolExecutor(1, thread_name_prefix="grammarmask-step")
@@ -199,11 +212,21 @@ class MatcherPool:
 
     # ------------------------------------------------------------------ requests
     def add(
-        self, request_id: RequestId, grammar: Grammar, *, backend: str | None = None
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        *,
+        backend: str | None = None,
+        allow_unenforced: bool | None = None,
     ) -> RequestState:
         """Register a request; its grammar compiles in the background on `backend`
-        (default: the pool's)."""
-        return self._executor.add(request_id, grammar, backend or self.backend)
+        (default: the pool's). With "auto", `state().backend` names the chosen backend once
+        compiled; a grammar no backend enforces fully fails this request alone, unless
+        `allow_unenforced` (default: the pool's)."""
+        loose = self.allow_unenforced if allow_unenforced is None else allow_unenforced
+        return self._executor.add(
+            request_id, grammar, backend or self.backend, allow_unenforced=loose
+        )
 
     def remove(self, request_id: RequestId) -> None:
         """Forget a request (finished, failed or cancelled); unknown ids are ignored. A step

@@ -136,11 +136,11 @@ def _worker_main(
         elif kind == "state":
             conn.send(table.state(message[1]))
         elif kind == "add":
-            _, request_id, grammar, backend, commits, replay = message
+            _, request_id, grammar, backend, loose, commits, replay = message
             # a replayed grammar compiled before: no tight timeout for it in a cold cache
             timeout = compile_timeout_s + _HANG_GRACE_S / 2 if replay else None
             try:
-                table.add(request_id, grammar, backend, timeout)
+                table.add(request_id, grammar, backend, timeout, allow_unenforced=loose)
             except GrammarMaskError as exc:
                 table.add_failed(request_id, backend, str(exc))
             for tokens in commits:
@@ -161,6 +161,7 @@ class _Held:
     grammar: Grammar | None
     backend: str
     worker: int
+    allow_unenforced: bool = False
     commits: list[tuple[int, ...]] = field(default_factory=list)
     failed: str | None = None
     """Why it failed, once the parent knows it did (its worker died, a deadline, a reply)."""
@@ -233,16 +234,23 @@ class ProcessExecutor:
         return [int(w.process.pid) for w in self._workers]
 
     # ------------------------------------------------------------------ requests
-    def add(self, request_id: RequestId, grammar: Grammar, backend: str) -> RequestState:
+    def add(
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        backend: str,
+        *,
+        allow_unenforced: bool = False,
+    ) -> RequestState:
         with self._lock:
             if request_id in self._held:
                 raise GrammarMaskError(f"request {request_id!r} is already in the pool")
             index = min(self._workers, key=lambda w: len(w.held)).index
-            self._held[request_id] = _Held(request_id, grammar, backend, index)
+            self._held[request_id] = _Held(request_id, grammar, backend, index, allow_unenforced)
         with self._slots[index]:
             worker = self._alive(self._workers[index], "idle")
             worker.held.add(request_id)
-            _send(worker, ("add", request_id, grammar, backend, (), False))
+            _send(worker, ("add", request_id, grammar, backend, allow_unenforced, (), False))
         return RequestState(request_id, "active", backend=backend)
 
     def remove(self, request_id: RequestId) -> None:
@@ -342,7 +350,15 @@ class ProcessExecutor:
                     continue
                 if request_id in spare:
                     new.held.add(request_id)
-                    message = ("add", request_id, held.grammar, held.backend, held.commits, True)
+                    message = (
+                        "add",
+                        request_id,
+                        held.grammar,
+                        held.backend,
+                        held.allow_unenforced,
+                        held.commits,
+                        True,
+                    )
                     _send(new, message)
                 else:
                     held.failed = reason

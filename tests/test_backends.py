@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import grammarmask as gm
 
-BACKENDS = ("xgrammar", "outlines")
+BACKENDS = ("xgrammar", "outlines", "llguidance")
 TINY_SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22]}},
@@ -100,11 +101,11 @@ def test_rollback_restores_every_earlier_mask(
     assert torch.equal(_mask(matcher, deepseek.size), masks[len(ids) - back])
 
 
-def test_outlines_allows_every_stop_token(qwen: gm.Vocabulary) -> None:
-    """outlines-core knows one EOS; the wrapper must allow and accept the others too."""
-    matcher = (
-        gm.GrammarCompiler(qwen).compile(gm.Grammar.choice(["yes", "no"]), "outlines").matcher()
-    )
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_every_stop_token_ends_the_text(backend: str, qwen: gm.Vocabulary) -> None:
+    """outlines-core knows one EOS and llguidance a list: the wrappers must allow and accept
+    every stop token of the vocabulary (Qwen has two)."""
+    matcher = gm.GrammarCompiler(qwen).compile(gm.Grammar.choice(["yes", "no"]), backend).matcher()
     assert matcher.accept(9693)  # b'yes'
     assert allowed_ids(matcher, qwen.size) == set(qwen.stop_token_ids)
     assert matcher.accept(qwen.stop_token_ids[1])
@@ -126,15 +127,16 @@ def test_choice_and_regex(
     assert not accepts_all(regex.matcher(), deepseek_encode("123-ABC"))
 
 
-def test_xgrammar_serves_any_json_and_ebnf(
-    deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_serves_any_json_and_ebnf(
+    backend: str,
+    deepseek_compiler: gm.GrammarCompiler,
+    deepseek_encode: Callable[[str], list[int]],
 ) -> None:
-    any_json = deepseek_compiler.compile(gm.Grammar.json(), "xgrammar")
+    any_json = deepseek_compiler.compile(gm.Grammar.json(), backend)
     assert accepts_all(any_json.matcher(), deepseek_encode('{"a":[1,{"b":null}],"c":"d"}'))
     assert not accepts_all(any_json.matcher(), deepseek_encode('{"a" :1}'))  # compact: no spaces
-    ebnf = deepseek_compiler.compile(
-        gm.Grammar.ebnf('root ::= "go " ("left" | "right")'), "xgrammar"
-    )
+    ebnf = deepseek_compiler.compile(gm.Grammar.ebnf('root ::= "go " ("left" | "right")'), backend)
     assert accepts_all(ebnf.matcher(), deepseek_encode("go left"))
     assert not accepts_all(ebnf.matcher(), deepseek_encode("go up"))
 
@@ -165,7 +167,8 @@ def test_backend_compile_failure_is_a_grammar_error(deepseek_compiler: gm.Gramma
 
 def test_unknown_backend(deepseek: gm.Vocabulary) -> None:
     with pytest.raises(
-        gm.GrammarMaskError, match="unknown backend 'llama'; choose from xgrammar, outlines"
+        gm.GrammarMaskError,
+        match="unknown backend 'llama'; choose from xgrammar, outlines, llguidance",
     ):
         gm.create_backend("llama", deepseek)
 
@@ -194,7 +197,8 @@ def test_xgrammar_strings_never_take_raw_control_characters(
 
 def _dialect_difference(token: bytes) -> bool:
     """Documented completeness gaps: xgrammar forbids escapes in length-limited strings;
-    outlines forbids U+007F..U+009F and \\u escapes. Neither lets invalid JSON through."""
+    outlines forbids U+007F..U+009F and \\u escapes; llguidance forbids a raw U+007F.
+    None lets invalid JSON through."""
     text = token.decode("utf-8", "surrogateescape")
     return "\\" in text or any(0x7F <= ord(ch) <= 0x9F for ch in text)
 
@@ -206,7 +210,7 @@ def test_backends_agree_along_valid_instances(
     deepseek: gm.Vocabulary,
     deepseek_encode: Callable[[str], list[int]],
 ) -> None:
-    """Where both enforce a schema fully, they allow the same tokens at every position."""
+    """Where all enforce a schema fully, they allow the same tokens at every position."""
     schema = bundled_schema(name)
     grammar = gm.Grammar.json_schema(schema)
     compiled = {b: deepseek_compiler.compile(grammar, b) for b in BACKENDS}
@@ -216,11 +220,76 @@ def test_backends_agree_along_valid_instances(
         ids = deepseek_encode(json.dumps(instance, separators=(",", ":"), ensure_ascii=False))
         matchers = {b: c.matcher() for b, c in compiled.items()}
         for position in range(len(ids) + 1):
-            xg, ol = (allowed_ids(matchers[b], deepseek.size) for b in BACKENDS)
-            unexplained = [i for i in xg ^ ol if not _dialect_difference(deepseek.token_bytes[i])]
-            assert not unexplained, (position, [deepseek.token_bytes[i] for i in unexplained[:5]])
+            xg, *others = (allowed_ids(matchers[b], deepseek.size) for b in BACKENDS)
+            for other in others:
+                unexplained = [
+                    i for i in xg ^ other if not _dialect_difference(deepseek.token_bytes[i])
+                ]
+                assert not unexplained, (
+                    position,
+                    [deepseek.token_bytes[i] for i in unexplained[:5]],
+                )
             positions += 1
             if position < len(ids):
                 assert all(m.accept(ids[position]) for m in matchers.values())
         assert all(m.can_stop() for m in matchers.values())
     assert positions > 30
+
+
+def test_llguidance_whitespace_bound_and_strict(
+    deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    array = {"type": "array", "items": {"type": "integer"}}
+    flexible = deepseek_compiler.compile(
+        gm.Grammar.json_schema(array, whitespace="flexible", max_whitespace=3), "llguidance"
+    )
+    assert accepts_all(flexible.matcher(), deepseek_encode("[1,\n  2 ]"))
+    assert not accepts_all(flexible.matcher(), deepseek_encode("[1,    2]"))  # a run of 4
+    compact = deepseek_compiler.compile(gm.Grammar.json_schema(array), "llguidance")
+    assert not accepts_all(compact.matcher(), deepseek_encode("[1, 2]"))
+    assert accepts_all(compact.matcher(), deepseek_encode("[1,2]"))
+    open_object = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    extra = deepseek_encode('{"a":1,"b":2}')
+    loose = deepseek_compiler.compile(gm.Grammar.json_schema(open_object), "llguidance")
+    strict = deepseek_compiler.compile(
+        gm.Grammar.json_schema(open_object, strict=True), "llguidance"
+    )
+    assert accepts_all(loose.matcher(), extra)
+    assert not accepts_all(strict.matcher(), extra)
+    assert accepts_all(strict.matcher(), deepseek_encode('{"a":1}'))
+
+
+def test_llguidance_schema_options_cannot_loosen_it(deepseek_compiler: gm.GrammarCompiler) -> None:
+    """A schema's own x-guidance asking for lenient (ignore unknown keywords) is overridden."""
+    schema = {"type": "integer", "not": {"const": 3}, "x-guidance": {"lenient": True}}
+    with pytest.raises(gm.UnsupportedGrammarError, match='Unimplemented keys: \\["not"\\]'):
+        deepseek_compiler.compile(gm.Grammar.json_schema(schema), "llguidance")
+
+
+def test_llguidance_matchers_of_one_grammar_fill_identically_from_two_threads(
+    deepseek_compiler: gm.GrammarCompiler,
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+) -> None:
+    """Copies of one compiled grammar share llguidance's lazily built lexer states; filling
+    them from two threads (the GIL is released) must give the masks of a lone walk."""
+    schema = bundled_schema("person")
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), "llguidance")
+    walks = [
+        deepseek_encode(json.dumps(e, separators=(",", ":"), ensure_ascii=False))
+        for e in schema["examples"]
+    ]
+
+    def masks(ids: list[int]) -> torch.Tensor:
+        matcher = compiled.matcher()
+        rows = torch.zeros(len(ids) + 1, gm.words_per_row(deepseek.size), dtype=torch.int32)
+        for position, token in enumerate([*ids, None]):
+            matcher.fill(rows, position)
+            if token is not None:
+                assert matcher.accept(token)
+        return rows
+
+    alone = [masks(ids) for ids in walks]
+    with ThreadPoolExecutor(2) as threads:
+        together = list(threads.map(masks, walks * 4))
+    assert all(torch.equal(t, alone[i % len(walks)]) for i, t in enumerate(together))

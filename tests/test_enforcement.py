@@ -15,43 +15,49 @@ from conftest import accepts_all
 
 import grammarmask as gm
 
-X, OL = "xgrammar", "outlines"
+X, OL, LL = "xgrammar", "outlines", "llguidance"
 S = dict
 
 CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
-    ("type", S(type="integer"), 5, "a", {X, OL}),
-    ("minimum", S(type="integer", minimum=3), 5, 2, {X}),
-    ("maximum", S(type="integer", maximum=3), 2, 5, {X}),
-    ("exclusiveMinimum", S(type="integer", exclusiveMinimum=3), 4, 3, {X}),
-    ("exclusiveMaximum", S(type="number", exclusiveMaximum=3), 2.5, 3, {X}),
-    ("multipleOf", S(type="integer", multipleOf=3), 6, 5, set()),
-    ("minLength", S(type="string", minLength=3), "abc", "ab", {X, OL}),
-    ("maxLength", S(type="string", maxLength=3), "abc", "abcd", {X, OL}),
-    ("pattern", S(type="string", pattern="^a+$"), "aa", "ab", {X, OL}),
+    ("type", S(type="integer"), 5, "a", {X, OL, LL}),
+    ("minimum", S(type="integer", minimum=3), 5, 2, {X, LL}),
+    ("maximum", S(type="integer", maximum=3), 2, 5, {X, LL}),
+    ("exclusiveMinimum", S(type="integer", exclusiveMinimum=3), 4, 3, {X, LL}),
+    ("exclusiveMaximum", S(type="number", exclusiveMaximum=3), 2.5, 3, {X, LL}),
+    ("multipleOf", S(type="integer", multipleOf=3), 6, 5, {LL}),
+    ("minLength", S(type="string", minLength=3), "abc", "ab", {X, OL, LL}),
+    ("maxLength", S(type="string", maxLength=3), "abc", "abcd", {X, OL, LL}),
+    ("pattern", S(type="string", pattern="^a+$"), "aa", "ab", {X, OL, LL}),
     (
         "maxLength-with-pattern",
         S(type="string", pattern="^a+$", maxLength=3),
         "aaa",
         "aaaaaa",
-        {OL},
+        {OL, LL},
     ),
     (
         "maxLength-with-format",
         S(type="string", format="email", maxLength=9),
         "a@b.co",
         "abcdef@example.com",
-        {OL},
+        {OL, LL},
     ),
-    ("enum", S(enum=["x", 1]), "x", "y", {X, OL}),
-    ("const", S(const="x"), "x", "y", {X, OL}),
-    ("minItems", S(type="array", items=S(type="integer"), minItems=2), [1, 2], [1], {X, OL}),
-    ("maxItems", S(type="array", items=S(type="integer"), maxItems=2), [1, 2], [1, 2, 3], {X, OL}),
+    ("enum", S(enum=["x", 1]), "x", "y", {X, OL, LL}),
+    ("const", S(const="x"), "x", "y", {X, OL, LL}),
+    ("minItems", S(type="array", items=S(type="integer"), minItems=2), [1, 2], [1], {X, OL, LL}),
+    (
+        "maxItems",
+        S(type="array", items=S(type="integer"), maxItems=2),
+        [1, 2],
+        [1, 2, 3],
+        {X, OL, LL},
+    ),
     (
         "prefixItems",
         S(type="array", prefixItems=[S(type="integer"), S(type="string")]),
         [1, "a"],
         ["a", 1],
-        {X, OL},
+        {X, OL, LL},
     ),
     (
         "uniqueItems",
@@ -72,46 +78,47 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         S(type="object", properties=S(a=S(type="integer")), required=["a"]),
         {"a": 1},
         {},
-        {X, OL},
+        {X, OL, LL},
     ),
     (
         "required-not-in-properties",
         S(type="object", properties=S(a=S(type="integer")), required=["a", "b"]),
         {"a": 1, "b": 2},
         {"a": 1},
-        set(),
+        {LL},
     ),
     (
         "additionalProperties",
         S(type="object", properties=S(a=S(type="integer")), additionalProperties=False),
         {"a": 1},
         {"a": 1, "b": 2},
-        {X, OL},
+        {X, OL, LL},
     ),
     (
         "minProperties",
         S(type="object", additionalProperties=S(type="integer"), minProperties=1),
         {"a": 1},
         {},
-        {X, OL},
+        {X, OL, LL},
     ),
     (
         "maxProperties",
         S(type="object", additionalProperties=S(type="integer"), maxProperties=1),
         {"a": 1},
         {"a": 1, "b": 2},
-        {X},
+        {X, LL},
     ),
     (
         "patternProperties",
         S(type="object", patternProperties={"^x": S(type="integer")}),
         {"x1": 1},
         {"x1": "s"},
-        set(),
+        {LL},
     ),
-    ("anyOf", S(anyOf=[S(type="integer"), S(type="string")]), 1, None, {X, OL}),
-    ("oneOf", S(oneOf=[S(type="integer"), S(type="number")]), 1.5, 1, set()),
-    ("allOf", S(allOf=[S(type="integer"), S(minimum=3)]), 4, 1, set()),
+    ("anyOf", S(anyOf=[S(type="integer"), S(type="string")]), 1, None, {X, OL, LL}),
+    ("oneOf", S(oneOf=[S(type="integer"), S(type="number")]), 1.5, 1, {LL}),
+    ("oneOf-disjoint", S(oneOf=[S(type="integer"), S(type="string")]), 1, None, {LL}),
+    ("allOf", S(allOf=[S(type="integer"), S(minimum=3)]), 4, 1, {LL}),
     ("not", S(type="integer", **{"not": S(const=3)}), 4, 3, set()),
     ("if-then", S(type="integer", **{"if": S(minimum=5), "then": S(multipleOf=2)}), 6, 7, set()),
     (
@@ -135,9 +142,9 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         ),
         {"a": 1},
         {"a": "s"},
-        {X, OL},
+        {X, OL, LL},
     ),
-    ("format-email", S(type="string", format="email"), "a@b.co", "nope", {X, OL}),
+    ("format-email", S(type="string", format="email"), "a@b.co", "nope", {X, OL, LL}),
     (
         "format-date-time",
         S(type="string", format="date-time"),
@@ -146,16 +153,18 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         set(),
     ),
     ("format-date", S(type="string", format="date"), "2024-01-01", "2023-02-29", set()),
-    ("format-time", S(type="string", format="time"), "10:00:00Z", "10:00:00", {X}),
+    ("format-time", S(type="string", format="time"), "10:00:00Z", "10:00:00", {X, LL}),
     (
         "format-uuid",
         S(type="string", format="uuid"),
         "123e4567-e89b-12d3-a456-426614174000",
         "x",
-        {X, OL},
+        {X, OL, LL},
     ),
-    ("format-ipv4", S(type="string", format="ipv4"), "1.2.3.4", "1.2.3", {X}),
-    ("format-unknown", S(type="string", format="credit-card"), "4111", "x", set()),
+    ("format-ipv4", S(type="string", format="ipv4"), "1.2.3.4", "1.2.3", {X, LL}),
+    ("format-ipv6", S(type="string", format="ipv6"), "::1", "1:2", {LL}),
+    ("format-hostname", S(type="string", format="hostname"), "example.com", "-x-.com", {X, LL}),
+    ("format-duration", S(type="string", format="duration"), "P1D", "1D", {LL}),
     (
         "unevaluatedProperties",
         S(type="object", properties=S(a=S(type="integer")), unevaluatedProperties=False),
@@ -166,12 +175,17 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
 ]
 
 
+REFUSED_AT_COMPILE = {("oneOf", LL)}
+"""Claimed keywords a backend refuses in some shapes: llguidance compiles oneOf only where
+it proves the branches exclusive. A refusal is sound: `auto` moves on to the next backend."""
+
+
 @pytest.fixture(scope="module")
 def smollm2_compiler(smollm2: gm.Vocabulary) -> gm.GrammarCompiler:
     return gm.GrammarCompiler(smollm2, timeout_s=300)
 
 
-@pytest.mark.parametrize("backend", [X, OL])
+@pytest.mark.parametrize("backend", [X, OL, LL])
 @pytest.mark.parametrize(
     ("name", "schema", "valid", "invalid", "enforced_by"), CASES, ids=[c[0] for c in CASES]
 )
@@ -186,6 +200,10 @@ def test_declared_enforcement_is_real(
     smollm2_tokenizer: Any,
 ) -> None:
     grammar = gm.Grammar.json_schema(schema)
+    if (name, backend) in REFUSED_AT_COMPILE:
+        with pytest.raises(gm.UnsupportedGrammarError):
+            smollm2_compiler.compile(grammar, backend)
+        return
     engine = smollm2_compiler.backend(backend)
     declared = engine.unenforced(grammar)
     if backend not in enforced_by:
@@ -235,3 +253,34 @@ def test_flexible_whitespace_declares_the_tab_hole(deepseek: gm.Vocabulary) -> N
     flexible = backend.unenforced(gm.Grammar.json_schema(schema, whitespace="flexible"))
     assert [(u.pointer, u.keyword) for u in flexible] == [("/properties/s", "maxLength")]
     assert "TAB" in flexible[0].reason
+
+
+@pytest.mark.parametrize("backend", [X, OL, LL])
+def test_keywords_outside_the_vocabulary_are_not_constraints(
+    backend: str, deepseek: gm.Vocabulary
+) -> None:
+    """Validators ignore unknown keywords, so declaring them would refuse schemas for nothing;
+    a vocabulary keyword a backend does not list (draft-07 `dependencies`) is still declared."""
+    schema = {
+        "type": "object",
+        "x-kubernetes-patch-strategy": "merge",
+        "properties": {"a": {"type": "string", "_format": "date"}},
+        "dependencies": {"a": ["b"]},
+    }
+    found = gm.create_backend(backend, deepseek).unenforced(gm.Grammar.json_schema(schema))
+    assert [(u.pointer, u.keyword) for u in found] == [("", "dependencies")]
+
+
+def test_formats_json_schema_does_not_define_are_not_constraints(
+    deepseek_compiler: gm.GrammarCompiler,
+) -> None:
+    """No validator checks format "credit-card" (nor OpenAPI's "int32"): no backend declares
+    it; llguidance refuses string formats it does not know at compile time, so auto serves
+    such a schema with xgrammar."""
+    grammar = gm.Grammar.json_schema({"type": "string", "format": "credit-card"})
+    for backend in (X, OL, LL):
+        assert deepseek_compiler.backend(backend).unenforced(grammar) == ()
+    with pytest.raises(gm.UnsupportedGrammarError, match="Unknown format: credit-card"):
+        deepseek_compiler.compile(grammar, LL)
+    chosen = deepseek_compiler.compile(grammar, "auto")
+    assert chosen.backend == X and chosen.fully_enforced

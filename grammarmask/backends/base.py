@@ -32,6 +32,21 @@ def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
+def row_pointer(bitmask: torch.Tensor, row: int, words: int) -> int:
+    """Address of `bitmask[row]` for engines that write raw memory; checks what they cannot."""
+    if (
+        bitmask.dtype != torch.int32
+        or bitmask.device.type != "cpu"
+        or not bitmask.is_contiguous()
+        or bitmask.dim() != 2
+        or bitmask.shape[1] != words
+    ):
+        raise ValueError(
+            f"bitmask must be a contiguous CPU int32 tensor with {words} words per row"
+        )
+    return int(bitmask[row].data_ptr())
+
+
 def fill_stop_only(bitmask: torch.Tensor, row: int, stop_token_ids: tuple[int, ...]) -> None:
     """A row that lets the request end and nothing else (fail-closed, never all zero)."""
     bitmask[row].zero_()

@@ -12,7 +12,14 @@ from ..enforcement import OUTLINES_SUPPORT, Unenforced, find_unenforced
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
-from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, set_token_bits
+from .base import (
+    Backend,
+    CompiledGrammar,
+    Matcher,
+    fill_stop_only,
+    row_pointer,
+    set_token_bits,
+)
 
 _INDEX_MEMORY_PER_SERIALIZED_BYTE = 3
 """An Index gives no size; its in-memory transition maps held 2.7x its serialized form
@@ -52,13 +59,7 @@ class OutlinesMatcher(Matcher):
         if self._terminated:
             fill_stop_only(bitmask, row, self._stop_token_ids)
             return
-        if (
-            bitmask.dtype != torch.int32
-            or not bitmask.is_contiguous()
-            or bitmask.shape[1] != self._words
-        ):
-            raise ValueError(f"bitmask must be contiguous int32 with {self._words} words per row")
-        self._guide.write_mask_into(bitmask[row].data_ptr(), self._words, 4)
+        self._guide.write_mask_into(row_pointer(bitmask, row, self._words), self._words, 4)
         if self._extra_stops and self.can_stop():
             set_token_bits(bitmask, row, self._extra_stops)
 

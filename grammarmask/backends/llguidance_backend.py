@@ -1,0 +1,234 @@
+"""llguidance: an Earley parser over lazily built lexers; every grammar kind, compiles in ms.
+
+It refuses up front the JSON Schema keywords it does not implement (`lenient` is forced
+off), so what it compiles it enforces; the allowlist in enforcement.py says which keywords
+those are, measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from typing import Any
+
+import llguidance
+import torch
+from llguidance.gbnf_to_lark import any_to_lark
+
+from ..enforcement import LLGUIDANCE_SUPPORT, Unenforced, find_unenforced, iter_subschemas
+from ..errors import CompileError, UnsupportedGrammarError, VocabularyError
+from ..grammars import Grammar
+from ..vocabulary import Vocabulary
+from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
+
+_SPECIAL_MARKER = b"\xff"
+"""llguidance's prefix for special tokens: never valid UTF-8, so never grammar text."""
+
+_NO_FORCING = '%llguidance {"no_forcing": true}\n'
+"""By default llguidance lets through only one tokenization of text the grammar forces
+(the first token of its encoder's split); without forcing, a mask allows every token that
+keeps the text in the grammar, as the other backends' masks do."""
+
+_REFUSALS = ("failed to compile JSON schema", "Unknown format", "not supported", "unsupported")
+"""Messages of a valid spec that llguidance declines (unimplemented keywords, oneOf it cannot
+prove exclusive, overlapping patternProperties, ...), as opposed to a failure."""
+
+
+class _TokenSource(llguidance.TokenizerWrapper):
+    """The tokenizer object `llguidance.LLTokenizer` reads: token bytes, specials, an encoder.
+
+    The encoder is llguidance's own greedy longest match over these exact bytes. It must
+    reproduce the text it is given (an encoder returning nothing made llguidance allow
+    tokens outside the grammar). With forcing off, masks do not depend on its split, and
+    walks over the bundled schemas never called it.
+    It sets the attributes LLTokenizer reads itself: the base constructor wants a tokenizer
+    object to wrap.
+    """
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.is_tokenizer_wrapper = True
+        specials = vocab.special_token_ids
+        self.eos_token_id = vocab.stop_token_ids[0]
+        self.bos_token_id = None
+        self.tokens = [
+            _SPECIAL_MARKER + vocab.token_name(i).encode("utf-8")
+            if i in specials
+            else vocab.token_bytes[i]
+            for i in range(vocab.num_tokens)
+        ] + [_SPECIAL_MARKER + b"<padding>"] * (vocab.size - vocab.num_tokens)
+        self.special_token_ids = sorted(specials) + list(range(vocab.num_tokens, vocab.size))
+        self.greedy: llguidance.LLTokenizer | None = None
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        assert self.greedy is not None, "the LLTokenizer is built before any grammar"
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "surrogateescape")
+        return list(self.greedy.greedy_tokenize(text))
+
+
+def _first_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[0] if lines else "unknown error"
+
+
+class LLGuidanceMatcher(Matcher):
+    """Wraps an LLMatcher; stop tokens are handled here, as for outlines, so that llguidance
+    never consumes one and a rollback over the stop token is exact."""
+
+    def __init__(self, matcher: Any, vocab: Vocabulary) -> None:
+        self._matcher = matcher
+        self._stop_token_ids = vocab.stop_token_ids
+        self._stops = frozenset(vocab.stop_token_ids)
+        self._words = (vocab.size + 31) // 32
+        self._terminated = False
+
+    def _check_error(self) -> None:
+        if self._matcher.is_error():
+            raise RuntimeError(
+                f"llguidance matcher error: {_first_line(self._matcher.get_error())}"
+            )
+
+    def accept(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        if token_id in self._stops:
+            if not self._matcher.is_accepting():
+                return False
+            self._terminated = True
+            return True
+        # try_consume_tokens never enters llguidance's sticky error state on a bad token.
+        if self._matcher.try_consume_tokens([token_id]) == 1:
+            return True
+        self._check_error()
+        return False
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._terminated:
+            fill_stop_only(bitmask, row, self._stop_token_ids)
+            return
+        self._matcher.unsafe_compute_mask_ptr(
+            row_pointer(bitmask, row, self._words), self._words * 4
+        )
+        self._check_error()
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens and self._terminated:
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            raise ValueError(f"cannot roll back {num_tokens} tokens: fewer were accepted")
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def can_stop(self) -> bool:
+        return not self._terminated and bool(self._matcher.is_accepting())
+
+    def reset(self) -> None:
+        self._matcher.reset()
+        self._terminated = False
+
+
+class _Template:
+    """A compiled LLMatcher at the start of its grammar; requests get deep copies of it
+    (sharing the compiled lexer and parser tables) instead of compiling again."""
+
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+        self._lock = threading.Lock()
+
+    def copy(self) -> Any:
+        with self._lock:
+            return self._matcher.deep_copy()
+
+
+def _closed_objects(schema: Any) -> Any:
+    """strict=True: every object schema without its own rule for extra keys is closed."""
+    closed = copy.deepcopy(schema)
+    for node, _ in iter_subschemas(closed):
+        is_object = node.get("type") == "object" or "properties" in node
+        open_rules = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+        if is_object and not any(rule in node for rule in open_rules):
+            node["additionalProperties"] = False
+    return closed
+
+
+class LLGuidanceBackend(Backend):
+    name = "llguidance"
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        super().__init__(vocab)
+        source = _TokenSource(vocab)
+        self._tokenizer = llguidance.LLTokenizer(source, eos_token=list(vocab.stop_token_ids))
+        source.greedy = self._tokenizer
+        if self._tokenizer.vocab_size != vocab.size:
+            raise VocabularyError(
+                f"llguidance built a vocabulary of {self._tokenizer.vocab_size} ids "
+                f"for logits width {vocab.size}"
+            )
+
+    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
+        if grammar.kind != "json_schema":
+            return ()
+        return find_unenforced(grammar.schema, LLGUIDANCE_SUPPORT)
+
+    def _lark(self, grammar: Grammar) -> str:
+        """The grammar as llguidance's Lark dialect (JSON Schema inline via %json)."""
+        if grammar.kind in ("json_schema", "json"):
+            schema: Any = grammar.schema if grammar.kind == "json_schema" else {}
+            if schema is False:
+                raise UnsupportedGrammarError(
+                    f"llguidance cannot serve {grammar.describe()}: it accepts no JSON at all"
+                )
+            schema = {} if schema is True else schema
+            if grammar.strict:
+                schema = _closed_objects(schema)
+            flexible = grammar.whitespace == "flexible"
+            # Replaces any "x-guidance" of the schema's own: it must not turn on lenient
+            # (ignore unknown keywords) or unbounded whitespace.
+            options: dict[str, Any] = {
+                "item_separator": ",",
+                "key_separator": ":",
+                "whitespace_flexible": flexible,
+                "coerce_one_of": False,
+                "lenient": False,
+                "json_allow_general_unicode_escapes": True,
+            }
+            if flexible:
+                options["whitespace_pattern"] = (
+                    f"[\\x20\\x0A\\x0D\\x09]{{1,{grammar.max_whitespace}}}"
+                )
+            return f"start: %json {json.dumps({**schema, 'x-guidance': options})}"
+        if grammar.kind == "regex":
+            return f"start: /{llguidance.regex_to_lark(grammar.source)}/"
+        if grammar.kind == "choice":
+            return "start: " + " | ".join(json.dumps(c) for c in grammar.choices)
+        try:
+            lark = any_to_lark(grammar.source)
+        except Exception as exc:  # the converter raises several unrelated types
+            raise UnsupportedGrammarError(
+                f"llguidance cannot read {grammar.describe()}: {_first_line(str(exc))}"
+            ) from None
+        return "\n".join(line for line in lark.splitlines() if not line.startswith("%llguidance"))
+
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        unenforced = self.unenforced(grammar)
+        started = time.perf_counter()
+        text = llguidance.LLMatcher.grammar_from_lark(_NO_FORCING + self._lark(grammar))
+        template = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
+        if template.is_error():
+            message = _first_line(template.get_error())
+            refused = any(marker in message for marker in _REFUSALS)
+            error = UnsupportedGrammarError if refused else CompileError
+            raise error(f"llguidance cannot compile {grammar.describe()}: {message}")
+        elapsed = time.perf_counter() - started
+        shared = _Template(template)
+        return CompiledGrammar(
+            self.name,
+            grammar,
+            unenforced,
+            elapsed,
+            lambda: LLGuidanceMatcher(shared.copy(), self.vocab),
+        )

@@ -1,0 +1,151 @@
+"""Conformance runner: serialization in the grammar's key order, explained vs defect
+acceptances, and the runner surviving real worker crashes and timeouts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+import grammarmask as gm
+from grammarmask import conformance as cf
+from grammarmask.cli import main
+
+SAMPLE = cf.bundled_sample_dir()
+
+
+def test_serialize_follows_the_schema_property_order_through_refs_and_items() -> None:
+    schema = {
+        "$defs": {"point": {"type": "object", "properties": {"x": {}, "y": {}}}},
+        "type": "object",
+        "properties": {
+            "b": {"type": "array", "items": {"$ref": "#/$defs/point"}},
+            "a": {"type": "integer"},
+        },
+    }
+    text, determined = cf.serialize(schema, {"a": 1, "b": [{"y": 2, "x": 1}], "extra": None})
+    assert text == '{"b":[{"x":1,"y":2}],"a":1,"extra":null}'
+    assert determined
+    flexible, _ = cf.serialize(schema, {"a": 1}, "flexible")
+    assert flexible == '{"a": 1}'
+
+
+def test_serialize_picks_the_one_anyof_branch_that_fits() -> None:
+    schema = {
+        "anyOf": [
+            {"type": "object", "properties": {"p": {}, "q": {}}, "required": ["p"]},
+            {"type": "object", "properties": {"r": {}, "s": {}}, "required": ["r"]},
+        ]
+    }
+    assert cf.serialize(schema, {"s": 1, "r": 2}) == ('{"r":2,"s":1}', True)
+    # Both branches fit {"p", "r"} and they lay keys out differently: undetermined.
+    _, determined = cf.serialize(schema, {"r": 1, "p": 2})
+    assert not determined
+
+
+def test_invalid_acceptances_are_explained_only_by_declared_keywords() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "maximum": 9}, "s": {"maxLength": 2}},
+    }
+    declared = (gm.Unenforced("/properties/n", "maximum"),)
+    assert cf.judge_invalid_accepted(schema, declared, {"n": 10}) == "explained"
+    assert cf.judge_invalid_accepted(schema, declared, {"s": "long"}) == "defect"
+    assert cf.judge_invalid_accepted(schema, (), {"n": 10}) == "defect"
+    # The corpus label says invalid, but jsonschema finds the instance valid.
+    assert cf.judge_invalid_accepted(schema, declared, {"n": 3}) == "label"
+    # A format jsonschema cannot check here never turns an acceptance into a pass.
+    odd = {"type": "string", "format": "no-such-format"}
+    assert cf.unchecked_formats(odd) == {"no-such-format"}
+    assert cf.judge_invalid_accepted(odd, (), "x") == "unverified"
+
+
+def test_select_files_samples_reproducibly(tmp_path: Path) -> None:
+    files = cf.select_files(SAMPLE)
+    assert len(files) == 9
+    sample = cf.select_files(SAMPLE, sample=4, seed=3)
+    assert sample == cf.select_files(SAMPLE, sample=4, seed=3) and len(sample) == 4
+    assert cf.select_files(SAMPLE, limit=2) == files[:2]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        cf.select_files(tmp_path / "missing")
+
+
+def test_cli_runs_the_bundled_sample_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.jsonl"
+    args = ["conformance", str(SAMPLE), "--backend", "xgrammar", "--json", str(out)]
+    assert main([*args, "--limit", "3"]) == 0
+    assert main([*args, "--resume"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["schema"] for r in records) == sorted(p.name for p in SAMPLE.glob("*.json"))
+    assert all(r["status"] == "compiled" and r["backend"] == "xgrammar" for r in records)
+    totals = cf.summarize(records)["xgrammar"]
+    assert totals["valid_accepted"] == totals["valid"] > 0
+    assert totals["invalid_rejected"] + totals["invalid_accepted_explained"] == totals["invalid"]
+    table = capsys.readouterr().out
+    header, _, row = table.splitlines()[-3:]
+    assert header.split()[:3] == ["backend", "schemas", "compiled"]
+    assert row.split()[:3] == ["xgrammar", "9", "9"]
+
+
+def test_cli_refuses_unknown_backends_and_missing_directories(tmp_path: Path) -> None:
+    assert main(["conformance", str(SAMPLE), "--backend", "nonesuch"]) == 2
+    assert main(["conformance", str(tmp_path / "missing")]) == 2
+    assert main(["conformance", str(SAMPLE), "--resume"]) == 2
+
+
+FAULTY_WORKER = """
+import ctypes, sys, time
+from grammarmask import _conformance_worker as worker
+
+check = worker.Checker.check
+
+def faulty(self, request, emit):
+    if "{crash}" in request["path"]:
+        ctypes.string_at(0)  # a real segfault, as a native backend bug would cause
+    if "{hang}" in request["path"]:
+        emit({"event": "compiling"})
+        time.sleep(3600)  # a compilation that never ends
+    return check(self, request, emit)
+
+worker.Checker.check = faulty
+worker.main(sys.argv[1:])
+"""
+
+
+def test_a_worker_crash_or_hang_costs_one_schema_and_the_run_goes_on(tmp_path: Path) -> None:
+    names = [
+        "Github_easy---o71312.json",
+        "Github_trivial---o63994.json",
+        "Kubernetes---kb_1063_Normalized.json",
+        "Kubernetes---kb_705_Normalized.json",
+    ]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in names:
+        shutil.copy(SAMPLE / name, corpus / name)
+    script = tmp_path / "faulty_worker.py"
+    script.write_text(FAULTY_WORKER.replace("{crash}", names[0]).replace("{hang}", names[2]))
+    records = cf.run_conformance(
+        cf.select_files(corpus),
+        ["xgrammar"],
+        cf.ConformanceOptions(compile_timeout_s=5),  # these schemas compile in ~0.1 s
+        argv=[sys.executable, str(script)],
+    )
+    by_name = {r["schema"]: r for r in records}
+    assert [by_name[n]["status"] for n in names] == ["crash", "compiled", "timeout", "compiled"]
+    assert by_name[names[0]]["detail"].startswith(f"killed by {signal.SIGSEGV.name}")
+    assert by_name[names[2]]["detail"] == "compile took longer than 5 s"
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_its_error() -> None:
+    argv = [sys.executable, "-c", "import sys; sys.exit('no vocabulary here')"]
+    with pytest.raises(RuntimeError, match="did not start: no vocabulary here"):
+        cf.run_conformance(
+            cf.select_files(SAMPLE, limit=1), ["xgrammar"], cf.ConformanceOptions(), argv=argv
+        )
