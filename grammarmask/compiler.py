@@ -127,7 +127,9 @@ class GrammarCompiler:
             if future is not None:
                 self._cache.move_to_end(key)
                 return future
-            future = executor.submit(self._counting, key, work) if counted else executor.submit(work)
+            future = (
+                executor.submit(self._counting, key, work) if counted else executor.submit(work)
+            )
             self._cache[key] = future
             self._evict()
             return future
