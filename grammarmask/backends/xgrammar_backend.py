@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -19,33 +20,71 @@ from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits
 
 _CONTROL_BYTES = bytes(range(0x20))
 _JSON_WHITESPACE_CONTROLS = b"\t\n\r"
+_SURROGATE_LEAD = 0xED
+_SURROGATE_SECOND = range(0xA0, 0xC0)
+"""ED A0..BF starts the UTF-8 form of a UTF-16 surrogate (U+D800..U+DFFF): never valid."""
+
+
+def _has_surrogate(token: bytes) -> bool:
+    return any(
+        first == _SURROGATE_LEAD and second in _SURROGATE_SECOND
+        for first, second in itertools.pairwise(token)
+    )
 
 
 @dataclass(frozen=True)
 class TokenFilter:
-    """Tokens a grammar must never allow whatever the engine's grammar says.
+    """Tokens a grammar must never allow whatever xgrammar says.
 
     xgrammar 0.2.9 lets raw control characters into strings with minLength/maxLength
     (its character class is [^"\\\r\n]): invalid JSON. No JSON text contains a raw control
     byte outside whitespace, so those tokens are removed from every JSON row here.
+
+    It also accepts the UTF-8 form of surrogates (ED A0..BF ..) in every grammar kind:
+    invalid UTF-8. Tokens holding ED A0..BF are removed everywhere; after a token ending in
+    ED, tokens starting with A0..BF are removed too (`after_lead`), since the pair can
+    straddle two tokens.
     """
 
     allowed: torch.Tensor
     banned: frozenset[int]
+    after_lead: torch.Tensor
+    leads: frozenset[int]
+    """Tokens whose last byte is ED."""
+    continuations: frozenset[int]
+    """Tokens whose first byte is A0..BF: refused after a lead."""
 
     @classmethod
-    def for_json(cls, vocab: Vocabulary, whitespace: str) -> TokenFilter:
-        controls = _CONTROL_BYTES
-        if whitespace == "flexible":
-            controls = bytes(b for b in controls if b not in _JSON_WHITESPACE_CONTROLS)
+    def build(cls, vocab: Vocabulary, controls: bytes) -> TokenFilter:
+        tokens = vocab.token_bytes
         banned = frozenset(
             i
-            for i, token in enumerate(vocab.token_bytes)
-            if token.translate(None, controls) != token
+            for i, token in enumerate(tokens)
+            if token.translate(None, controls) != token or _has_surrogate(token)
+        )
+        continuations = frozenset(
+            i for i, token in enumerate(tokens) if token and token[0] in _SURROGATE_SECOND
         )
         allowed = torch.ones(vocab.size, dtype=torch.bool)
         allowed[list(banned)] = False
-        return cls(pack_bits(allowed), banned)
+        after_lead = torch.ones(vocab.size, dtype=torch.bool)
+        after_lead[list(continuations)] = False
+        return cls(
+            pack_bits(allowed),
+            banned,
+            pack_bits(after_lead),
+            frozenset(i for i, token in enumerate(tokens) if token[-1:] == b"\xed"),
+            continuations,
+        )
+
+    @classmethod
+    def for_grammar(cls, vocab: Vocabulary, kind: str, whitespace: str) -> TokenFilter:
+        if kind not in ("json_schema", "json"):
+            return cls.build(vocab, b"")
+        controls = _CONTROL_BYTES
+        if whitespace == "flexible":
+            controls = bytes(b for b in controls if b not in _JSON_WHITESPACE_CONTROLS)
+        return cls.build(vocab, controls)
 
 
 class XGrammarMatcher(Matcher):
@@ -53,7 +92,7 @@ class XGrammarMatcher(Matcher):
         self,
         compiled: xgrammar.CompiledGrammar,
         stop_token_ids: tuple[int, ...],
-        token_filter: TokenFilter | None,
+        token_filter: TokenFilter,
     ) -> None:
         self._matcher = xgrammar.GrammarMatcher(
             compiled, override_stop_tokens=list(stop_token_ids), max_rollback_tokens=-1
@@ -61,21 +100,32 @@ class XGrammarMatcher(Matcher):
         self._stop_token_ids = stop_token_ids
         self._stops = frozenset(stop_token_ids)
         self._filter = token_filter
+        self._ends_with_lead: list[bool] = []
+        """Per accepted token: does it end with ED? (rolled back with the tokens)"""
+
+    def _after_lead(self) -> bool:
+        return bool(self._ends_with_lead) and self._ends_with_lead[-1]
 
     def accept(self, token_id: int) -> bool:
         if self._matcher.is_terminated():
             return False
-        if self._filter is not None and token_id in self._filter.banned:
+        if token_id in self._filter.banned or (
+            self._after_lead() and token_id in self._filter.continuations
+        ):
             return False
-        return bool(self._matcher.accept_token(token_id))
+        if not self._matcher.accept_token(token_id):
+            return False
+        self._ends_with_lead.append(token_id in self._filter.leads)
+        return True
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self._matcher.is_terminated():
             fill_stop_only(bitmask, row, self._stop_token_ids)
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self._filter is not None:
-            bitmask[row].bitwise_and_(self._filter.allowed)
+        bitmask[row].bitwise_and_(self._filter.allowed)
+        if self._after_lead():
+            bitmask[row].bitwise_and_(self._filter.after_lead)
 
     def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
         """The draft loop with one xgrammar call per token and one filter pass per request:
@@ -84,31 +134,47 @@ class XGrammarMatcher(Matcher):
         if matcher.is_terminated():
             fill_stop_only(bitmask, rows[0], self._stop_token_ids)
             return 0
-        banned = self._filter.banned if self._filter is not None else frozenset()
+        token_filter = self._filter
+        banned, leads, continuations = (
+            token_filter.banned,
+            token_filter.leads,
+            token_filter.continuations,
+        )
         matcher.fill_next_token_bitmask(bitmask, rows[0])
+        after_lead = self._after_lead()
+        lead_rows = [rows[0]] if after_lead else []
         accepted = 0
         for draft in drafts:
-            if draft in banned or not matcher.accept_token(draft):
+            if (
+                draft in banned
+                or (after_lead and draft in continuations)
+                or not matcher.accept_token(draft)
+            ):
                 break
             accepted += 1
+            after_lead = draft in leads
+            if after_lead:
+                lead_rows.append(rows[accepted])
             if draft in self._stops:
                 fill_stop_only(bitmask, rows[accepted], self._stop_token_ids)
             else:
                 matcher.fill_next_token_bitmask(bitmask, rows[accepted])
         if accepted:
             matcher.rollback(accepted)
-        if self._filter is not None:
-            filled = rows[: accepted + 1]
-            if filled[-1] - filled[0] == len(filled) - 1:
-                bitmask[filled[0] : filled[-1] + 1].bitwise_and_(self._filter.allowed)
-            else:
-                for row in filled:
-                    bitmask[row].bitwise_and_(self._filter.allowed)
+        filled = rows[: accepted + 1]
+        if filled[-1] - filled[0] == len(filled) - 1:
+            bitmask[filled[0] : filled[-1] + 1].bitwise_and_(token_filter.allowed)
+        else:
+            for row in filled:
+                bitmask[row].bitwise_and_(token_filter.allowed)
+        for row in lead_rows:
+            bitmask[row].bitwise_and_(token_filter.after_lead)
         return accepted
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self._matcher.rollback(num_tokens)
+            del self._ends_with_lead[-num_tokens:]
 
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
@@ -118,6 +184,7 @@ class XGrammarMatcher(Matcher):
 
     def reset(self) -> None:
         self._matcher.reset()
+        self._ends_with_lead.clear()
 
 
 class XGrammarBackend(Backend):
@@ -138,11 +205,15 @@ class XGrammarBackend(Backend):
         self._filters: dict[str, TokenFilter] = {}
         self._filters_lock = threading.Lock()
 
-    def _json_filter(self, whitespace: str) -> TokenFilter:
+    def _token_filter(self, grammar: Grammar) -> TokenFilter:
+        json_kind = grammar.kind in ("json_schema", "json")
+        key = f"json/{grammar.whitespace}" if json_kind else "text"
         with self._filters_lock:
-            if whitespace not in self._filters:
-                self._filters[whitespace] = TokenFilter.for_json(self.vocab, whitespace)
-            return self._filters[whitespace]
+            if key not in self._filters:
+                self._filters[key] = TokenFilter.for_grammar(
+                    self.vocab, grammar.kind, grammar.whitespace
+                )
+            return self._filters[key]
 
     def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
         if grammar.kind != "json_schema":
@@ -188,11 +259,7 @@ class XGrammarBackend(Backend):
             raise error(f"xgrammar cannot compile {grammar.describe()}: {message}") from None
         elapsed = time.perf_counter() - started
         stops = self.vocab.stop_token_ids
-        token_filter = (
-            self._json_filter(grammar.whitespace)
-            if grammar.kind in ("json_schema", "json")
-            else None
-        )
+        token_filter = self._token_filter(grammar)
         return CompiledGrammar(
             self.name,
             grammar,

@@ -48,12 +48,14 @@ class Bench:
         self.config = config
         self.rng = random.Random(config.seed)
         self._bar = tqdm(total=0, unit="step", file=sys.stderr, disable=not progress)
+        self._label = ""
         self._vocabs: dict[str, Vocabulary] = {}
         self._compilers: dict[str, GrammarCompiler] = {}
         self._instances: dict[str, list[Instance]] = {}
 
     def plan(self, ticks: int, what: str) -> None:
         """Announce `ticks` more units of work, labelled `what`."""
+        self._label = what
         self._bar.set_description(what)
         self._bar.total = (self._bar.total or 0) + ticks
         self._bar.refresh()
@@ -76,7 +78,6 @@ class Bench:
         16 quick, 64 full; requests cycle over them."""
         if name not in self._instances:
             count = self.config.pick(3, 16, 64)
-            label = self._bar.desc
             self._bar.set_description(f"compiling {count} schemas for {name}")
             self._instances[name] = pick_instances(
                 self.config.corpus,
@@ -85,7 +86,7 @@ class Bench:
                 encoder(name),
                 random.Random(self.config.seed),
             )
-            self._bar.set_description(label.removesuffix(": "))
+            self._bar.set_description(self._label)
         return self._instances[name]
 
     def close(self) -> None:
