@@ -51,7 +51,7 @@ def test_bundled_schema_survives_every_property(
     for backend in BACKENDS:
         counts = report.counts[backend]
         assert counts["walks"] >= EXAMPLES and counts["state_sequences"] >= EXAMPLES
-        if not _email_on_xgrammar(schema, backend):  # its unbounded local part: walks wander
+        if '"format": "email"' not in json.dumps(schema):  # random walks wander in local parts
             assert counts["walks_terminated"] >= 1, f"{backend}: no walk reached a stop token"
 
 
