@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import grammarmask as gm
+from grammarmask.conformance import feed
 from grammarmask.known_vocabs import load_smollm2_tokenizer, load_vocabulary, package_dir
 
 settings.register_profile(
@@ -85,15 +86,9 @@ def ids_in_row(row: torch.Tensor, size: int) -> set[int]:
 
 
 def accepts_all(matcher: gm.Matcher, token_ids: list[int]) -> bool:
-    """Feed tokens; True if all were accepted and the text is complete. State restored."""
-    accepted = 0
-    for token_id in token_ids:
-        if not matcher.accept(token_id):
-            break
-        accepted += 1
-    complete = accepted == len(token_ids) and matcher.can_stop()
-    matcher.rollback(accepted)
-    return complete
+    """Feed tokens to a fresh matcher; True if all were accepted and the text is complete.
+    The matcher is reset afterwards (conformance.feed, the runner's own check)."""
+    return feed(matcher, token_ids)[0]
 
 
 def bundled_examples(
