@@ -197,8 +197,8 @@ class GrammarCompiler:
         """Compile and wait; raises the backend's GrammarError or CompileTimeoutError."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            return self.submit(grammar, backend, allow_unenforced=allow_unenforced).result(
-                timeout=limit
+            return wait_compiled(
+                self.submit(grammar, backend, allow_unenforced=allow_unenforced), limit
             )
         except FutureTimeout:
             raise CompileTimeoutError(
@@ -219,3 +219,17 @@ class GrammarCompiler:
         """Stop the worker threads; compilations in flight are abandoned."""
         self._selector.shutdown(wait=False, cancel_futures=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def wait_compiled(future: Future[CompiledGrammar], timeout: float | None) -> CompiledGrammar:
+    """The compiled grammar, or its compile error raised afresh.
+
+    A cached failure is raised again on every request that asks for it; raising the one
+    stored exception object would grow its traceback each time, keeping every frame (and
+    the masks they hold) alive: the fault soak leaked ~1 MB per bad grammar that way.
+    Raises concurrent.futures.TimeoutError if not done within `timeout`.
+    """
+    error = future.exception(timeout=timeout)
+    if error is not None:
+        raise error.with_traceback(None)
+    return future.result()

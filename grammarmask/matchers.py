@@ -24,7 +24,7 @@ import torch
 
 from .backends import Backend, CompiledGrammar, Matcher, words_per_row
 from .backends.base import fill_stop_only
-from .compiler import GrammarCompiler
+from .compiler import GrammarCompiler, wait_compiled
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
@@ -200,8 +200,8 @@ class MatcherTable:
             )
             return None
         try:
-            compiled = request.compiled.result(
-                timeout=max(0.0, request.deadline - time.monotonic())
+            compiled = wait_compiled(
+                request.compiled, max(0.0, request.deadline - time.monotonic())
             )
         except FutureTimeout:
             request.fail(f"grammar compilation did not finish within {self.compile_timeout_s:g} s")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -144,3 +145,29 @@ def test_request_cycles_keep_memory_bounded(
     print(report)
     assert report.cache_entries <= 16
     assert report.growth < RSS_BOUND, str(report)
+
+
+def test_a_cached_compile_failure_does_not_grow_with_each_request(
+    deepseek: gm.Vocabulary,
+) -> None:
+    """The same stored error reaches every request for a bad grammar; raising the one object
+    again and again would chain every raise's frames onto it (the soak leaked ~1 MB per bad
+    grammar that way): each caller gets it with a traceback of its own call only."""
+    bad = gm.Grammar.json_schema({"type": "object", "properties": {"a": False}, "required": ["a"]})
+    compiler = gm.GrammarCompiler(deepseek)
+    depths = []
+    for _ in range(3):
+        with pytest.raises(gm.CompileError) as caught:
+            compiler.compile(bad)
+        depths.append(len(traceback.extract_tb(caught.value.__traceback__)))
+    assert depths[0] == depths[1] == depths[2]
+    pool = gm.MatcherPool(deepseek, workers=1, compiler=compiler)
+    for cycle in range(3):
+        pool.add(f"bad-{cycle}", bad)
+        masks = pool.fill([(f"bad-{cycle}", [])])
+        assert "grammar error" in masks.failures[f"bad-{cycle}"]
+    stored = compiler.submit(bad).exception()
+    assert stored is not None
+    assert len(traceback.extract_tb(stored.__traceback__)) <= depths[0]
+    pool.close()
+    compiler.close()
