@@ -4,13 +4,14 @@ The pool runs this in its own process (thread isolation) and every worker proces
 too (process isolation): the same code decides every row and every failure reason in both
 modes, which is what keeps their masks bit-identical.
 
-A step's rows are filled into a private scratch buffer per request and copied into the
+A step's rows are filled into a scratch buffer of the fill thread and copied into the
 step's host slot only while the step still waits for them: a fill that comes back after
 the step's deadline is dropped, never written into a slot that a later step owns.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -135,6 +136,7 @@ class MatcherTable:
         self._lock = threading.Lock()
         self.stop_row = torch.zeros(1, self._words, dtype=torch.int32)
         fill_stop_only(self.stop_row, 0, vocab.stop_token_ids)
+        self._scratch = threading.local()
 
     def add(
         self,
@@ -215,11 +217,30 @@ class MatcherTable:
         return request.matcher
 
     # ------------------------------------------------------------------ fill
+    def compiling(self, request: _Request) -> Future[CompiledGrammar] | None:
+        """The compilation that a fill of `request` would wait for, if any (none once past
+        its compile timeout: the fill then fails it)."""
+        if request.matcher is not None or request.status != "active" or request.compiled is None:
+            return None
+        if request.compiled.done() or time.monotonic() >= request.deadline:
+            return None
+        return request.compiled
+
+    def _scratch_rows(self, count: int) -> torch.Tensor:
+        """This thread's scratch rows, reused from request to request: a fresh buffer per
+        request cost more than the fills themselves (first-touch page faults)."""
+        rows: torch.Tensor | None = getattr(self._scratch, "rows", None)
+        if rows is None or rows.shape[0] < count:
+            rows = torch.empty(max(count, 8), self._words, dtype=torch.int32)
+            self._scratch.rows = rows
+        return rows[:count]
+
     def fill_scratch(
         self, request: _Request, entry: FillEntry
     ) -> tuple[torch.Tensor, int, str | None]:
-        """One request's rows in a private buffer: (rows, valid rows, reason if it failed now)."""
-        scratch = torch.empty(len(entry.rows), self._words, dtype=torch.int32)
+        """One request's rows in this thread's scratch rows (valid until its next fill):
+        (rows, valid rows, reason if it failed now)."""
+        scratch = self._scratch_rows(len(entry.rows))
         if request.failed:  # checked before the lock: a late fill may hold it
             scratch[:] = self.stop_row
             return scratch, 1, None
@@ -236,7 +257,8 @@ class MatcherTable:
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
                 scratch[:] = self.stop_row
                 return scratch, 1, request.reason
-            scratch[accepted + 1 :] = scratch[accepted]
+            if accepted + 1 < len(entry.rows):
+                scratch[accepted + 1 :] = scratch[accepted]
             return scratch, accepted + 1, None
 
     def _check_token(self, token_id: int, kind: str) -> None:
@@ -298,22 +320,32 @@ class StepFill:
     """One step's fill: threads pull requests from a shared queue (so a hanging matcher holds
     up one thread, not a fixed share of the batch) and copy finished rows into the host slot.
 
-    Built on the caller's thread, so that the step's requests are resolved before any later
-    `remove`. `progress[index]`, when given, is set once a request's rows are in the slot:
-    its valid rows, or -1 if it failed during this step (a parent process reads it after
-    a deadline).
+    A request whose grammar is still compiling waits aside, holding no thread: it rejoins
+    the queue when its compilation ends or its compile timeout passes, so a slow compile
+    never stalls the fill of the others. Built on the caller's thread, so that the step's
+    requests are resolved before any later `remove`. `progress[index]`, when given, is set
+    once a request's rows are in the slot: its valid rows, or -1 if it failed during this
+    step (a parent process reads it after a deadline).
     """
 
     def __init__(self, table: MatcherTable, entries: Sequence[FillEntry]) -> None:
         self._table = table
         self._entries = {e.index: (table.lookup(e.request_id), e) for e in entries}
         self._pending = deque(self._entries)
+        self._compiling: dict[int, float] = {}
+        """Requests waiting for their compilation: batch position -> compile deadline."""
         self._left = len(entries)
+        self._drains = 0
+        self._in_flight = 0
         self._closed = False
         self._host = torch.empty(0, dtype=torch.int32)
         self._progress: torch.Tensor | None = None
         self._condition = threading.Condition()
+        self._executor: Executor | None = None
+        self._threads = 0
         self.result = FillResult()
+        self.abandoned = 0
+        """Threads still inside a matcher call when the step went on without them."""
 
     def run(
         self,
@@ -323,19 +355,28 @@ class StepFill:
         threads: int,
         progress: torch.Tensor | None = None,
     ) -> FillResult:
-        """Fill on `threads` tasks of `executor` until done or past the deadline."""
+        """Fill on up to `threads` tasks of `executor` until done or past the deadline."""
         self._host, self._progress, self._condition = host, progress, deadline.condition
-        for _ in range(min(threads, len(self._pending))):
-            executor.submit(self._drain)
+        self._executor, self._threads = executor, threads
         with self._condition:
+            self._start_drains()
             while self._left:
+                now = time.monotonic()
+                self._requeue_compiles(now)
                 remaining = deadline.remaining()
                 if remaining is not None and remaining <= 0:
                     self._close_late()
                     break
-                self._condition.wait(remaining)
+                self._condition.wait(self._next_wake(remaining, now))
             self._closed = True
         return self.result
+
+    def _start_drains(self) -> None:
+        """Enough tasks for the queue, at most `threads` (condition held)."""
+        assert self._executor is not None
+        while self._drains < self._threads and self._drains - self._in_flight < len(self._pending):
+            self._drains += 1
+            self._executor.submit(self._drain)
 
     def _drain(self) -> None:
         """Fill requests until none is left; one lock round per request (publish the last
@@ -343,21 +384,55 @@ class StepFill:
         done: tuple[FillEntry, torch.Tensor, int, str | None] | None = None
         while True:
             with self._condition:
-                if self._closed:
-                    return  # late: the step went on without this request
                 if done is not None:
-                    self._publish(*done)
-                if not self._pending:
+                    self._in_flight -= 1
+                    if not self._closed:  # else late: the step went on without it
+                        self._publish(*done)
+                    done = None
+                if self._closed or not self._pending:
+                    self._drains -= 1
                     return
-                request, entry = self._entries[self._pending.popleft()]
+                index = self._pending.popleft()
+                request, entry = self._entries[index]
+                compiling = self._table.compiling(request)
+                if compiling is not None:
+                    self._compiling[index] = request.deadline
+                    compiling.add_done_callback(functools.partial(self._compiled, index))
+                    self._condition.notify_all()  # the step now also waits for that timeout
+                    continue
+                self._in_flight += 1
             scratch, valid, failure = self._table.fill_scratch(request, entry)
             done = (entry, scratch, valid, failure)
+
+    def _compiled(self, index: int, _: object) -> None:
+        """A waiting request's compilation ended: back in the queue."""
+        with self._condition:
+            if self._closed or self._compiling.pop(index, None) is None:
+                return
+            self._pending.append(index)
+            self._start_drains()
+
+    def _requeue_compiles(self, now: float) -> None:
+        """Requests past their compile timeout go back to the queue, to fail there (condition
+        held): the fill reports the timeout as a compile that never ends would not."""
+        late = [index for index, at in self._compiling.items() if at <= now]
+        for index in late:
+            del self._compiling[index]
+            self._pending.append(index)
+        if late:
+            self._start_drains()
+
+    def _next_wake(self, remaining: float | None, now: float) -> float | None:
+        waits = [at - now for at in self._compiling.values()]
+        if remaining is not None:
+            waits.append(remaining)
+        return max(0.0, min(waits)) if waits else None
 
     def _publish(
         self, entry: FillEntry, scratch: torch.Tensor, valid: int, failure: str | None
     ) -> None:
         first = entry.rows[0]
-        if entry.rows == tuple(range(first, first + len(entry.rows))):
+        if entry.rows[-1] - first == len(entry.rows) - 1:
             self._host[first : first + len(entry.rows)].copy_(scratch)
         else:
             self._host[list(entry.rows)] = scratch
@@ -373,6 +448,7 @@ class StepFill:
     def _close_late(self) -> None:
         """Past the deadline (condition held): every request not done fails alone."""
         self._closed = True
+        self.abandoned = self._in_flight
         for index, (request, entry) in self._entries.items():
             if index not in self.result.valid:
                 self._host[list(entry.rows)] = self._table.stop_row

@@ -84,7 +84,21 @@ class _ThreadExecutor(MatcherTable):
 
     def begin(self, entries: Sequence[FillEntry]) -> StepRun:
         step = StepFill(self, entries)
-        return lambda slot, host, deadline: step.run(host, deadline, self._executor, self._threads)
+
+        def run(slot: int, host: torch.Tensor, deadline: Deadline) -> FillResult:
+            result = step.run(host, deadline, self._executor, self._threads)
+            if step.abandoned:
+                self._renew()
+            return result
+
+        return run
+
+    def _renew(self) -> None:
+        """A late step left threads inside matcher calls: fresh threads serve the next steps
+        (the pool keeps its capacity), the stuck ones end when their call returns."""
+        stuck = self._executor
+        self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="grammarmask-fill")
+        stuck.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Does not wait: a fill that hangs past its deadline must not hang `close` too."""

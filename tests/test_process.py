@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import bundled_examples, ids_in_row
-from faults import HANG_S, faulty_backends
+from faults import HANG_S, faulty_backends, faulty_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -302,3 +302,68 @@ def test_corpus_schemas_through_a_process_pool(
         process_pool.remove(rid)
     print(dict(outcomes))
     assert outcomes["active"] > 0
+
+
+def test_hung_fills_do_not_use_up_the_fill_threads(
+    thread_pool: gm.MatcherPool, cases: dict[str, tuple[gm.Grammar, list[int]]]
+) -> None:
+    """Three steps in a row each leave a fill hanging past its deadline, more than the
+    pool's 2 fill threads: every later step still finds threads for its other requests."""
+    grammar, ids = cases["person"]
+    healthy = [_add([thread_pool], grammar, ids[:k]) for k in range(4)]
+    for _ in range(3):
+        late = _add([thread_pool], grammar, [], "faulty-hang")
+        batch: list[tuple[str | None, list[int]]] = [(late, [])] + [
+            (rid, ids[k : k + 2]) for k, rid in enumerate(healthy)
+        ]
+        got = thread_pool.fill(batch, deadline_s=1.0)
+        assert got.failures == {late: "mask deadline exceeded"}
+        assert got.valid_rows[1:] == (3, 3, 3, 3)
+        thread_pool.remove(late)
+    time.sleep(HANG_S)  # the stuck threads end on their own
+
+
+def test_a_compiling_request_holds_no_fill_thread(
+    deepseek: gm.Vocabulary, cases: dict[str, tuple[gm.Grammar, list[int]]]
+) -> None:
+    """With one fill thread, a request whose grammar takes 2 s to compile waits aside: the
+    others are filled at once (a deadline fails only the compiling one), and without a
+    deadline the step waits for it and serves it."""
+    grammar, ids = cases["matrix"]
+    with gm.MatcherPool(deepseek, workers=1, backend_factory=faulty_backends) as pool:
+        healthy = [_add([pool], grammar, ids[:k]) for k in range(3)]
+        slow = [f"slow-{next(_ids)}" for _ in range(2)]
+        for index, rid in enumerate(slow):
+            unique = gm.Grammar.regex(f"[a-z]{{{index + 1},40}}-{rid}")
+            pool.add(rid, unique, backend="faulty-slow compile")
+        batch: list[tuple[str | None, list[int]]] = [(slow[0], [])] + [
+            (rid, ids[k : k + 2]) for k, rid in enumerate(healthy)
+        ]
+        started = time.monotonic()
+        got = pool.fill(batch, deadline_s=1.0)
+        assert time.monotonic() - started < 1.9  # not after the 2 s compile
+        assert got.failures == {slow[0]: "mask deadline exceeded"}
+        assert got.valid_rows[1:] == (3, 3, 3)
+        served = pool.fill([(slow[1], []), *batch[1:]])
+        assert served.failures == {} and served.valid_rows == (1, 3, 3, 3)
+        assert pool.state(slow[1]).status == "active"
+
+
+def test_a_compile_past_its_timeout_fails_its_request_on_time(
+    deepseek: gm.Vocabulary, cases: dict[str, tuple[gm.Grammar, list[int]]]
+) -> None:
+    """A request waiting aside for a 2 s compilation fails when its 0.5 s compile timeout
+    passes (the step does not wait for the compilation to end); the others are served."""
+    grammar, ids = cases["matrix"]
+    compiler = faulty_compiler(deepseek)
+    compiler.compile(grammar)  # warm: only the slow one may miss the short timeout
+    with gm.MatcherPool(deepseek, workers=1, compiler=compiler, compile_timeout_s=0.5) as pool:
+        healthy = _add([pool], grammar, [])
+        slow = f"slow-{next(_ids)}"
+        pool.add(slow, gm.Grammar.regex(f"[a-z]+-{slow}"), backend="faulty-slow compile")
+        started = time.monotonic()
+        got = pool.fill([(slow, []), (healthy, ids[:2])])
+        assert time.monotonic() - started < 1.9
+        assert got.failures == {slow: "grammar compilation did not finish within 0.5 s"}
+        assert got.valid_rows == (1, 3)
+    compiler.close()
