@@ -12,6 +12,7 @@ the step's deadline is dropped, never written into a slot that a later step owns
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 import time
 from collections import deque
@@ -182,13 +183,11 @@ class MatcherTable:
         return request.snapshot()
 
     def lookup(self, request_id: RequestId) -> _Request:
-        """The request; an unknown id gets a record that fails on its first step."""
+        """The request; an unknown id gets a record of its own that fails this step (not
+        kept: an engine that keeps sending unknown ids must not grow the table)."""
         with self._lock:
             request = self._requests.get(request_id)
-            if request is None:
-                request = _Request(request_id, None, None, 0.0)
-                self._requests[request_id] = request
-            return request
+        return request if request is not None else _Request(request_id, None, None, 0.0)
 
     def _ready_matcher(self, request: _Request) -> Matcher | None:
         """The request's matcher, waiting for its compilation up to its deadline."""
@@ -275,6 +274,11 @@ class MatcherTable:
         if request is None:
             return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
         if request.failed:  # before the lock, as in fill_scratch
+            return request.snapshot()
+        try:
+            accepted_tokens = token_ids(accepted_tokens)
+        except RequestFault as exc:
+            request.fail(str(exc))
             return request.snapshot()
         with request.lock:
             stops = self.vocab.stop_token_ids
@@ -456,6 +460,24 @@ class StepFill:
                 if request.status != "failed":
                     request.fail(DEADLINE_REASON)
                     self.result.failures[entry.request_id] = DEADLINE_REASON
+
+
+def token_ids(tokens: Sequence[int]) -> tuple[int, ...]:
+    """Committed tokens as ids; anything that is not an integer fails the request rather
+    than being truncated (int(2.7) would silently commit token 2)."""
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise RequestFault(
+            f"committed tokens must be a sequence of integer token ids, not {tokens!r}"
+        )
+    ids = []
+    for token in tokens:
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            raise RequestFault(
+                f"committed token {token!r} ({type(token).__name__}) is not an integer token id"
+            ) from None
+    return tuple(ids)
 
 
 def _fault_reason(exc: BaseException, where: str) -> str:

@@ -18,6 +18,7 @@ watching the process sentinel, so a dead worker never hangs the pool.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -44,9 +45,11 @@ from .matchers import (
     FillEntry,
     FillResult,
     MatcherTable,
+    RequestFault,
     RequestState,
     StepFill,
     StepRun,
+    token_ids,
 )
 from .steps import RequestId
 from .vocabulary import Vocabulary
@@ -166,6 +169,8 @@ class _Held:
     failed: str | None = None
     """Why it failed, once the parent knows it did (its worker died, a deadline, a reply)."""
     reported: bool = False
+    last: RequestState | None = None
+    """The worker's last answer about it (backend, committed): what a failure keeps."""
 
 
 @dataclass(eq=False)
@@ -276,7 +281,16 @@ class ProcessExecutor:
         return self._ask(request_id, ("state", request_id), "answering a state query", ())
 
     def commit(self, request_id: RequestId, tokens: Sequence[int]) -> RequestState:
-        tokens = tuple(int(t) for t in tokens)
+        try:
+            ids = token_ids(tokens)
+        except RequestFault as exc:
+            with self._lock:
+                held = self._held.get(request_id)
+                if held is not None and held.failed is None:
+                    held.failed = str(exc)
+            tokens = ()  # fails below with that reason (or as unknown)
+        else:
+            tokens = ids
         return self._ask(request_id, ("commit", request_id, tokens), "committing tokens", tokens)
 
     def _ask(
@@ -293,6 +307,7 @@ class ProcessExecutor:
                     if held.failed is None:
                         _send(worker, message)
                         reply: RequestState = self._receive(worker, doing)
+                        held.last = reply
                         if reply.status == "failed":  # reported by this reply
                             held.failed, held.reported = reply.reason or "failed", True
                         elif tokens:
@@ -301,7 +316,8 @@ class ProcessExecutor:
                 except _WorkerGone:
                     pass
         held.reported = True  # the caller hears it now
-        return RequestState(request_id, "failed", held.failed, held.backend)
+        last = held.last or RequestState(request_id, "active", backend=held.backend)
+        return dataclasses.replace(last, status="failed", reason=held.failed)
 
     # ------------------------------------------------------------------ workers
     def _receive(self, worker: _Worker, doing: str) -> Any:
@@ -378,8 +394,7 @@ class ProcessExecutor:
                     reason = (
                         f"unknown request id {entry.request_id!r}: add() it before its first step"
                     )
-                    held = _Held(entry.request_id, None, "", -1, failed=reason)
-                    self._held[entry.request_id] = held
+                    held = _Held(entry.request_id, None, "", -1, failed=reason)  # not kept
                 if held.failed is not None:
                     local.append((entry, None if held.reported else held.failed))
                     held.reported = True

@@ -367,3 +367,41 @@ def test_a_compile_past_its_timeout_fails_its_request_on_time(
         assert got.failures == {slow: "grammar compilation did not finish within 0.5 s"}
         assert got.valid_rows == (1, 3)
     compiler.close()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "reason"),
+    [
+        ([2.5], "committed token 2.5 (float) is not an integer token id"),
+        (["7"], "committed token '7' (str) is not an integer token id"),
+        ("ab", "committed tokens must be a sequence of integer token ids, not 'ab'"),
+    ],
+)
+def test_a_commit_of_non_integers_fails_the_request_alone(
+    tokens: list[int],
+    reason: str,
+    pool: gm.MatcherPool,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+) -> None:
+    """Never truncated (int(2.5) would commit token 2), never raised: the request fails with
+    the same reason in both isolation modes, and a neighbour is untouched."""
+    grammar, ids = cases["person"]
+    victim, neighbour = _add([pool], grammar, ids[:2]), _add([pool], grammar, ids[:2])
+    state = pool.commit(victim, tokens)
+    assert (state.status, state.reason, state.committed) == ("failed", reason, 2)
+    assert pool.state(victim).reason == reason
+    assert pool.commit(neighbour, ids[2:3]).committed == 3
+    masks = pool.fill([(victim, []), (neighbour, [])])
+    assert masks.failures == {} and masks.valid_rows == (1, 1)  # reported once, by commit
+
+
+def test_unknown_ids_are_refused_every_step_and_never_recorded(pool: gm.MatcherPool) -> None:
+    """An id never added fails on each step that names it (no record is made for it, so an
+    engine that keeps sending unknown ids cannot grow the pool)."""
+    for _ in range(2):
+        masks = pool.fill([("never-added", [5])])
+        assert masks.failures == {
+            "never-added": "unknown request id 'never-added': add() it before its first step"
+        }
+        assert masks.valid_rows == (1,)
+    assert pool.state("never-added").reason == "unknown request id 'never-added'"
