@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 
 import pytest
@@ -80,3 +83,33 @@ def test_cache_is_bounded_and_keyed_by_options(deepseek: gm.Vocabulary) -> None:
 def test_cache_size_must_be_positive(deepseek: gm.Vocabulary) -> None:
     with pytest.raises(ValueError, match="cache_size must be at least 1"):
         gm.GrammarCompiler(deepseek, cache_size=0)
+
+
+class _PriorityProbe(gm.Backend):
+    """xgrammar, noting the nice value of the thread that compiles."""
+
+    name = "priority-probe"
+
+    def __init__(self, vocab: gm.Vocabulary) -> None:
+        super().__init__(vocab)
+        self._inner = gm.create_backend("xgrammar", vocab)
+        self.seen: list[int] = []
+
+    def unenforced(self, grammar: gm.Grammar) -> tuple[gm.Unenforced, ...]:
+        return self._inner.unenforced(grammar)
+
+    def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
+        self.seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return self._inner.compile(grammar)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice is Linux's")
+@pytest.mark.parametrize("nice", [0, 10])
+def test_compile_threads_yield_the_cpu(nice: int, deepseek: gm.Vocabulary) -> None:
+    """Compiles run `nice` steps below the caller, so they cannot stall the mask fills."""
+    probe = _PriorityProbe(deepseek)
+    compiler = gm.GrammarCompiler(deepseek, backends={probe.name: probe}, nice=nice)
+    compiler.compile(gm.Grammar.regex("[a-z]+"), probe.name)
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert probe.seen == [min(19, caller + nice)]
+    compiler.close()
