@@ -76,13 +76,21 @@ class FillResult:
 
 
 class Deadline:
-    """When a step must be done; `wait(timeout=...)` may bring it forward while it runs."""
+    """When a step must be done; `wait(timeout=...)` may bring it forward while it runs,
+    unless `fixed` (a synchronous fill: nobody holds its future)."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, *, fixed: bool = False) -> None:
         if seconds is not None and seconds <= 0:
             raise ValueError(f"deadline_s must be positive, not {seconds}")
         self.condition = threading.Condition()
         self.at = None if seconds is None else time.monotonic() + seconds
+        self.fixed = fixed
+
+    @property
+    def never(self) -> bool:
+        """No deadline now and none can come: the waiting thread may fill too, since
+        nothing needs it free to fail late requests."""
+        return self.at is None and self.fixed
 
     def tighten(self, seconds: float) -> None:
         with self.condition:
@@ -359,11 +367,18 @@ class StepFill:
         threads: int,
         progress: torch.Tensor | None = None,
     ) -> FillResult:
-        """Fill on up to `threads` tasks of `executor` until done or past the deadline."""
+        """Fill on up to `threads` tasks of `executor` until done or past the deadline; with
+        no deadline possible, this thread is one of the tasks (no hand-off when it alone
+        keeps up, as for one request)."""
         self._host, self._progress, self._condition = host, progress, deadline.condition
         self._executor, self._threads = executor, threads
         with self._condition:
+            if deadline.never:
+                self._drains += 1
             self._start_drains()
+        if deadline.never:
+            self._drain()
+        with self._condition:
             while self._left:
                 now = time.monotonic()
                 self._requeue_compiles(now)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -222,6 +223,7 @@ class MatcherPool:
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots)
             self._executor = _ThreadExecutor(vocab, chosen, compile_timeout_s, self.workers)
         self._coordinator = ThreadPoolExecutor(1, thread_name_prefix="grammarmask-step")
+        self._step_lock = threading.Lock()
         self._step = 0
 
     # ------------------------------------------------------------------ requests
@@ -259,10 +261,16 @@ class MatcherPool:
         num_rows: int | None = None,
         deadline_s: float | None = None,
     ) -> StepMasks:
-        """Masks for one step, synchronously (see `fill_async`)."""
-        return self.fill_async(
-            batch, row_indices=row_indices, num_rows=num_rows, deadline_s=deadline_s
-        ).wait()
+        """Masks for one step, synchronously (see `fill_async`). Runs on the calling thread
+        (with the fill threads), so a small step pays no hand-off between threads."""
+        plan, entries, consumer = self._prepare(batch, row_indices, num_rows)
+        deadline = Deadline(deadline_s, fixed=True)
+        if not entries:
+            return self._without_grammar(plan)
+        run = self._executor.begin(entries)
+        done = self._run_step(plan, run, deadline, consumer)
+        masks: StepMasks = self._transfer.join_then_wait(lambda: done, consumer)
+        return masks
 
     def fill_async(
         self,
@@ -280,37 +288,49 @@ class MatcherPool:
         exceeded"); with process isolation the time counts from when its worker takes the
         step up, so a worker's restart does not eat into it.
         """
+        plan, entries, consumer = self._prepare(batch, row_indices, num_rows)
+        deadline = Deadline(deadline_s)
+        if not entries:
+            done: Future[tuple[StepMasks, Any]] = Future()
+            done.set_result((self._without_grammar(plan), None))
+            return MaskFuture(done, self._transfer, consumer, deadline)
+        run = self._executor.begin(entries)
+        work = self._coordinator.submit(self._run_step, plan, run, deadline, consumer)
+        return MaskFuture(work, self._transfer, consumer, deadline)
+
+    def _prepare(
+        self,
+        batch: Sequence[BatchEntry],
+        row_indices: Sequence[Sequence[int]] | None,
+        num_rows: int | None,
+    ) -> tuple[StepPlan, list[FillEntry], Any]:
         plan = StepPlan.build(batch, row_indices, num_rows, max_drafts=self.max_drafts)
         if plan.num_rows > self._transfer.rows:
             raise BatchError(
                 f"the step has {plan.num_rows} rows; "
                 f"the pool was built for max_rows={self._transfer.rows}"
             )
-        deadline = Deadline(deadline_s)
         self._step += 1
-        consumer = self._transfer.consumer_stream()
         entries = [
             FillEntry(index, rid, plan.drafts[index], plan.rows[index])
             for index, rid in enumerate(plan.request_ids)
             if rid is not None
         ]
-        if not entries:
-            masks = self._masks(plan, self._transfer.device_view(0, plan.num_rows), FillResult())
-            done: Future[tuple[StepMasks, Any]] = Future()
-            done.set_result((masks, None))
-            return MaskFuture(done, self._transfer, consumer, deadline)
-        run = self._executor.begin(entries)
-        work = self._coordinator.submit(self._run_step, plan, run, deadline, consumer)
-        return MaskFuture(work, self._transfer, consumer, deadline)
+        return plan, entries, self._transfer.consumer_stream()
+
+    def _without_grammar(self, plan: StepPlan) -> StepMasks:
+        return self._masks(plan, self._transfer.device_view(0, plan.num_rows), FillResult())
 
     def _run_step(
         self, plan: StepPlan, run: StepRun, deadline: Deadline, consumer: Any
     ) -> tuple[StepMasks, Any]:
-        started = time.perf_counter()
-        slot, host = self._transfer.acquire()
-        result = run(slot, host, deadline)
-        bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
-        masks = self._masks(plan, bitmask, result)
+        """One step at a time (the step thread's and synchronous fills take turns)."""
+        with self._step_lock:
+            started = time.perf_counter()
+            slot, host = self._transfer.acquire()
+            result = run(slot, host, deadline)
+            bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
+            masks = self._masks(plan, bitmask, result)
         return dataclasses.replace(masks, fill_seconds=time.perf_counter() - started), event
 
     def _masks(self, plan: StepPlan, bitmask: torch.Tensor, result: FillResult) -> StepMasks:

@@ -133,7 +133,8 @@ def _worker_main(
             _, slot, entries = message
             conn.send(("begin",))
             step = StepFill(table, entries)
-            conn.send(step.run(host[slot], Deadline(None), threads, _FILL_THREADS, progress[slot]))
+            fixed = Deadline(None, fixed=True)  # the parent enforces deadlines: it kills
+            conn.send(step.run(host[slot], fixed, threads, _FILL_THREADS, progress[slot]))
         elif kind == "commit":
             conn.send(table.commit(message[1], message[2]))
         elif kind == "state":

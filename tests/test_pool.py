@@ -306,7 +306,8 @@ def test_lifecycle_states(
         masks = pool.fill([("ghost", [])])
         assert "add() it before its first step" in masks.failures["ghost"]
         assert _stop_only(deepseek, masks.bitmask[0])
-        assert pool.fill([("ghost", [])]).failures == {}  # reported once, on the step it failed
+        again = pool.fill([("ghost", [])]).failures  # no record kept: refused every step
+        assert "add() it before its first step" in again["ghost"]
 
 
 def test_explicit_row_indices(deepseek: gm.Vocabulary) -> None:
