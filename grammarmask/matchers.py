@@ -15,6 +15,7 @@ import functools
 import operator
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -416,14 +417,17 @@ class StepFill:
                 compiling = self._table.compiling(request)
                 if compiling is not None:
                     self._compiling[index] = request.deadline
-                    compiling.add_done_callback(functools.partial(self._compiled, index))
+                    # a finished future keeps its callbacks: hold the step weakly
+                    compiling.add_done_callback(
+                        functools.partial(_requeue_compiled, weakref.ref(self), index)
+                    )
                     self._condition.notify_all()  # the step now also waits for that timeout
                     continue
                 self._in_flight += 1
             scratch, valid, failure = self._table.fill_scratch(request, entry)
             done = (entry, scratch, valid, failure)
 
-    def _compiled(self, index: int, _: object) -> None:
+    def compiled(self, index: int) -> None:
         """A waiting request's compilation ended: back in the queue."""
         with self._condition:
             if self._closed or self._compiling.pop(index, None) is None:
@@ -475,6 +479,12 @@ class StepFill:
                 if request.status != "failed":
                     request.fail(DEADLINE_REASON)
                     self.result.failures[entry.request_id] = DEADLINE_REASON
+
+
+def _requeue_compiled(step: weakref.ref[StepFill], index: int, _: object) -> None:
+    alive = step()
+    if alive is not None:
+        alive.compiled(index)
 
 
 def token_ids(tokens: Sequence[int]) -> tuple[int, ...]:

@@ -309,7 +309,11 @@ def run_soak(
             soak.step()
             faulthandler.dump_traceback_later(600, exit=True)
             if (step + 1) % 1000 == 0:
-                print(f"{isolation} step {step + 1}: {soak.report.table().splitlines()[0]}")
+                now = [os.getpid()]
+                if isolation == "process":
+                    now += faulty._executor.pids()  # type: ignore[attr-defined]
+                line = soak.report.table().splitlines()[0].split(", RSS")[0]
+                print(f"{isolation} step {step + 1}: {line}, RSS now {_rss_mb(now):.0f} MB")
         soak.report.seconds = time.monotonic() - started
         if isolation == "process":
             pids = [os.getpid(), *faulty._executor.pids()]  # type: ignore[attr-defined]
