@@ -12,7 +12,6 @@ the step's deadline is dropped, never written into a slot that a later step owns
 from __future__ import annotations
 
 import functools
-import operator
 import threading
 import time
 import weakref
@@ -31,7 +30,7 @@ from .compiler import GrammarCompiler, wait_compiled
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
-from .steps import RequestId
+from .steps import RequestId, integer_ids
 from .vocabulary import Vocabulary
 
 Status = Literal["active", "finished", "failed"]
@@ -494,15 +493,12 @@ def token_ids(tokens: Sequence[int]) -> tuple[int, ...]:
         raise RequestFault(
             f"committed tokens must be a sequence of integer token ids, not {tokens!r}"
         )
-    ids = []
-    for token in tokens:
-        try:
-            ids.append(operator.index(token))
-        except TypeError:
-            raise RequestFault(
-                f"committed token {token!r} ({type(token).__name__}) is not an integer token id"
-            ) from None
-    return tuple(ids)
+    return integer_ids(
+        tokens,
+        lambda token: RequestFault(
+            f"committed token {token!r} ({type(token).__name__}) is not an integer token id"
+        ),
+    )
 
 
 def _fault_reason(exc: BaseException, where: str) -> str:

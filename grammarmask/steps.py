@@ -9,8 +9,9 @@ layout passes explicit row indices, and the masks land where its logits rows are
 from __future__ import annotations
 
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -115,15 +116,24 @@ def _draft_ids(index: int, entry: BatchEntry, max_drafts: int) -> tuple[int, ...
             f"batch entry {index} has {len(drafts)} drafts; the pool is configured for at most "
             f"max_drafts={max_drafts}"
         )
+    return integer_ids(
+        drafts,
+        lambda draft: BatchError(
+            f"batch entry {index} has draft {draft!r} ({type(draft).__name__}); "
+            "drafts must be integer token ids"
+        ),
+    )
+
+
+def integer_ids(values: Iterable[Any], refusal: Callable[[Any], Exception]) -> tuple[int, ...]:
+    """Token ids; a value that is not an integer raises `refusal(value)` rather than being
+    truncated (int(2.7) would silently be token 2)."""
     ids = []
-    for draft in drafts:
+    for value in values:
         try:
-            ids.append(operator.index(draft))
+            ids.append(operator.index(value))
         except TypeError:
-            raise BatchError(
-                f"batch entry {index} has draft {draft!r} ({type(draft).__name__}); "
-                "drafts must be integer token ids"
-            ) from None
+            raise refusal(value) from None
     return tuple(ids)
 
 
