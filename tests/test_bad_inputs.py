@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import grammarmask as gm
+from grammarmask.integrations.engine import ReferenceEngine
 from grammarmask.steps import BatchEntry
 
 FAILED = "request failed"
@@ -362,6 +363,9 @@ CATALOGUE: tuple[Refusal, ...] = (
     # ------------------------------------------------------------------ configuration
     Refusal("config", "negative max_drafts", "ValueError", "max_drafts must be at least 0",
             lambda c: gm.MatcherPool(c.vocab, max_drafts=-1)),
+    Refusal("config", "engine drafts beyond the pool's max_drafts", "ValueError",
+            "num_drafts must lie in [0, 16] (the pool's max_drafts), not 17",
+            lambda c: ReferenceEngine(None, c.vocab, c.pool, num_drafts=17)),  # type: ignore[arg-type]
     Refusal("config", "compile cache bounded to nothing", "ValueError",
             "cache_bytes must be at least 1, not 0",
             lambda c: gm.GrammarCompiler(c.vocab, cache_bytes=0)),

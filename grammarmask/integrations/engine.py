@@ -110,6 +110,11 @@ class ReferenceEngine:
         num_drafts: int = 3,
         ngram: int = 2,
     ) -> None:
+        if not 0 <= num_drafts <= pool.max_drafts:
+            raise ValueError(
+                f"num_drafts must lie in [0, {pool.max_drafts}] (the pool's max_drafts), "
+                f"not {num_drafts}"
+            )
         self.model = model
         self.vocab = vocab
         self.pool = pool
