@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .backends.base import words_per_row
@@ -125,18 +123,14 @@ def _runs(rows: list[int]) -> list[tuple[int, int]]:
 _BITS_DTYPE = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
-@functools.lru_cache(maxsize=16)
-def _keep_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Row h: for a 16-bit half-word h, all ones where bit i is set (token allowed) and
-    zero where it is clear, in the integer type as wide as `dtype`."""
-    halves = torch.arange(1 << 16, device=device).unsqueeze(1)
-    bits = (halves >> torch.arange(16, device=device)) & 1
-    return (-bits).to(_BITS_DTYPE[dtype])
+_HASH_STEP = 0x9E3779B97F4A7C15 - (1 << 64)
+"""An odd 64-bit multiplier (the golden ratio's), as a signed int64."""
 
 
 def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
     """Rows grouped by content: first row -> all rows with the same words (a wrapping
-    int64 hash of each row, every match confirmed word for word)."""
+    int64 hash of each row; every match is confirmed word for word, a row that only
+    shares its hash stays on its own)."""
     count = words.shape[0]
     groups = _groups(words)
     weights = torch.arange(1, 2 * groups.shape[1], 2, device=words.device) * _HASH_STEP
@@ -144,35 +138,36 @@ def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
     order = torch.arange(count, device=words.device)
     first = torch.full((count,), count, device=words.device)
     first = first.scatter_reduce(0, inverse, order, "amin")[inverse]
-    same = (words == words.index_select(0, first)).all(1)
+    differs = (groups != groups.index_select(0, first)).any(1)
     owners: dict[int, list[int]] = {}
-    for row, owner in enumerate(torch.where(same, first, order).tolist()):
+    for row, owner in enumerate(torch.where(differs, order, first).tolist()):
         owners.setdefault(owner, []).append(row)
     return owners
 
 
-_HASH_STEP = 0x9E3779B97F4A7C15 - (1 << 64)
-"""An odd 64-bit multiplier (the golden ratio's), as a signed int64."""
-
-
 def _apply_whole(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, vocab: int) -> None:
-    """Rows with no short list either way, each masked whole in two in-place bitwise
-    passes over its bits: AND with the mask (all ones where allowed), OR with -inf where
-    forbidden (exact for any logit, NaN included; a float `minimum` would keep a
-    forbidden NaN, `where` is several times slower on CPU). Rows with identical words
-    (string contents) share one expansion of the mask, looked up 16 bits at a time."""
-    table = _keep_table(logits.dtype, logits.device)
-    bits_dtype = _BITS_DTYPE[logits.dtype]
-    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype).view(bits_dtype).item()
+    """Rows with no short list either way, masked whole in one pass over the logits' bits:
+    bits = fill + bits * keep, keep 1 where allowed, fill the bits of -inf where forbidden
+    (exact for any logit, NaN included: a float `minimum` would keep a forbidden NaN,
+    `where` is several times slower on CPU). Rows with identical words (string contents)
+    share one expansion of their mask into reused scratch rows, and consecutive ones take
+    it in one call."""
+    bits = logits.view(_BITS_DTYPE[logits.dtype])
+    width = bits.element_size() * 8
+    shifts = torch.arange(width, device=logits.device, dtype=bits.dtype)
+    minus_inf = int(torch.tensor(float("-inf"), dtype=logits.dtype).view(bits.dtype))
+    chunks = words.view(bits.dtype)
+    scratch = torch.empty(2, words.shape[1] * 32, device=logits.device, dtype=bits.dtype)
+    keep, fill = scratch[0, :vocab], scratch[1, :vocab]
     targets = rows.tolist()
     for owner, members in _duplicates(words).items():
-        halves = words[owner].view(torch.int16).int() & 0xFFFF
-        keep = table.index_select(0, halves).view(-1)[:vocab]
-        fill = ~keep & minus_inf
-        for member in members:
-            row = logits[targets[member]].view(bits_dtype)
-            row.bitwise_and_(keep)
-            row.bitwise_or_(fill)
+        expanded = scratch[0].view(-1, width)
+        torch.bitwise_right_shift(chunks[owner].unsqueeze(1), shifts, out=expanded)
+        expanded.bitwise_and_(1)
+        torch.sub(keep, 1, out=fill).bitwise_and_(minus_inf)
+        for start, end in _runs(sorted(targets[member] for member in members)):
+            block = bits[start:end]
+            torch.addcmul(fill, block, keep, out=block)
 
 
 def _classify(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
