@@ -124,24 +124,26 @@ _BITS_DTYPE = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.fl
 
 
 _HASH_STEP = 0x9E3779B97F4A7C15 - (1 << 64)
-"""An odd 64-bit multiplier (the golden ratio's), as a signed int64."""
+_HASH_STRIDE = 8
+"""Rows are hashed on every 8th 64-bit group, times odd multipliers (the golden ratio's)."""
 
 
 def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
-    """Rows grouped by content: first row -> all rows with the same words (a wrapping
-    int64 hash of each row; every match is confirmed word for word, a row that only
-    shares its hash stays on its own)."""
-    count = words.shape[0]
+    """Rows grouped by content: first row -> all rows with the same words. A wrapping
+    int64 hash of a sample of each row proposes, `torch.equal` on the whole row decides."""
     groups = _groups(words)
-    weights = torch.arange(1, 2 * groups.shape[1], 2, device=words.device) * _HASH_STEP
-    _, inverse = torch.unique((groups * weights).sum(1), return_inverse=True)
-    order = torch.arange(count, device=words.device)
-    first = torch.full((count,), count, device=words.device)
-    first = first.scatter_reduce(0, inverse, order, "amin")[inverse]
-    differs = (groups != groups.index_select(0, first)).any(1)
+    sample = groups[:, ::_HASH_STRIDE]
+    weights = torch.arange(1, 2 * sample.shape[1], 2, device=words.device) * _HASH_STEP
     owners: dict[int, list[int]] = {}
-    for row, owner in enumerate(torch.where(differs, order, first).tolist()):
-        owners.setdefault(owner, []).append(row)
+    seen: dict[int, list[int]] = {}
+    for row, key in enumerate((sample * weights).sum(1).tolist()):
+        candidates = seen.setdefault(key, [])
+        owner = next((o for o in candidates if torch.equal(groups[o], groups[row])), None)
+        if owner is None:
+            candidates.append(row)
+            owners[row] = [row]
+        else:
+            owners[owner].append(row)
     return owners
 
 
@@ -170,10 +172,12 @@ def _apply_whole(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, 
             torch.addcmul(fill, block, keep, out=block)
 
 
-def _classify(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _classify(
+    bitmask: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's cheapest path, estimated from a sample of its words: few forbidden ->
     set them to -inf; few allowed -> fill the row with -inf and restore them; else whole."""
-    sample = words[:, ::_SAMPLE_STRIDE]
+    sample = bitmask[:, ::_SAMPLE_STRIDE].index_select(0, rows)
     width = sample.shape[1]
     nonzero = sample.ne(0).sum(1, dtype=torch.int32) * (_EXTRACT_COST / width)
     nonfull = sample.ne(-1).sum(1, dtype=torch.int32) * (_EXTRACT_COST / width)
@@ -197,17 +201,20 @@ def apply_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
     if masks.grammar_rows.numel() == 0:
         return
     rows = masks.grammar_rows.to(logits.device, non_blocking=True)
-    words = masks.bitmask.index_select(0, rows)
     vocab = masks.vocab_size
     flat = logits.view(-1)
-    sparse, dense, whole = _classify(words)
+    sparse, dense, whole = _classify(masks.bitmask, rows)
     if dense.any():
-        restore = _positions(words[dense], rows[dense], vocab)
+        picked = rows[dense]
+        restore = _positions(masks.bitmask.index_select(0, picked), picked, vocab)
         kept = flat.index_select(0, restore)
-        for start, end in _runs(sorted(rows[dense].tolist())):
+        for start, end in _runs(sorted(picked.tolist())):
             logits[start:end].fill_(float("-inf"))
         flat.index_copy_(0, restore, kept)
     if sparse.any():
-        flat.index_fill_(0, _positions(~words[sparse], rows[sparse], vocab), float("-inf"))
+        picked = rows[sparse]
+        forbidden = masks.bitmask.index_select(0, picked).bitwise_not_()
+        flat.index_fill_(0, _positions(forbidden, picked, vocab), float("-inf"))
     if whole.any():
-        _apply_whole(logits, rows[whole], words[whole], vocab)
+        picked = rows[whole]
+        _apply_whole(logits, picked, masks.bitmask.index_select(0, picked), vocab)

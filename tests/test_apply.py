@@ -248,7 +248,7 @@ def test_rows_at_the_path_thresholds_take_each_path_and_match() -> None:
     bitmask = torch.stack(
         [row(dense_at, 0), row(dense_at + 1, 0), row(sparse_at, -1), row(sparse_at + 1, -1)]
     )
-    sparse, dense, whole = kernels._classify(bitmask)
+    sparse, dense, whole = kernels._classify(bitmask, torch.arange(4))
     assert dense.tolist() == [True, False, False, False]
     assert sparse.tolist() == [False, False, True, False]
     assert whole.tolist() == [False, True, False, True]
@@ -261,17 +261,26 @@ def test_rows_at_the_path_thresholds_take_each_path_and_match() -> None:
 
 
 def test_rows_sharing_a_hash_but_not_their_words_keep_their_own_masks() -> None:
-    """Two different rows built to have the same row hash, and a true duplicate: the
-    duplicate shares a mask expansion, the look-alike does not."""
-    weights = torch.tensor([1, 3]) * kernels._HASH_STEP  # wraps like the hash does
-    first = torch.stack([weights[1], torch.tensor(0)]).view(torch.int32)
-    second = torch.stack([torch.tensor(0), weights[0]]).view(torch.int32)
-    bitmask = torch.stack([first, second, first])
-    assert kernels._duplicates(bitmask) == {0: [0, 2], 1: [1]}
-    logits = torch.randn(3, 128)
+    """Rows that differ only outside the hashed sample share a hash: each keeps its own
+    mask, and a true duplicate of the second still shares the second's expansion."""
+    first = torch.zeros(4 * kernels._HASH_STRIDE, dtype=torch.int32)
+    second = first.clone()
+    second[2] = 0x10  # in the second 64-bit group, which is not sampled
+    bitmask = torch.stack([first, second, second])
+    assert kernels._duplicates(bitmask) == {0: [0], 1: [1, 2]}
+    vocab = bitmask.shape[1] * 32
+    logits = torch.randn(3, vocab)
     expected = _plain(logits, bitmask, [0, 1, 2])
-    gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2], 128))
+    with mock.patch.object(kernels, "_classify", _all_whole):
+        gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2], vocab))
     assert torch.equal(_bits(logits), _bits(expected))
+
+
+def _all_whole(
+    bitmask: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    none = torch.zeros(rows.shape[0], dtype=torch.bool)
+    return none, none, ~none
 
 
 @given(
