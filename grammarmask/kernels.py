@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .backends.base import words_per_row
@@ -147,26 +149,33 @@ def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
     return owners
 
 
+@functools.lru_cache(maxsize=8)
+def _expansions(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each 16-bit half-word h, in the integer type as wide as `dtype`: keep (bit i of
+    h: 1 where allowed) and fill (the bits of -inf where bit i is clear, 0 where set)."""
+    bits_dtype = _BITS_DTYPE[dtype]
+    halves = torch.arange(1 << 16, device=device).unsqueeze(1)
+    keep = ((halves >> torch.arange(16, device=device)) & 1).to(bits_dtype)
+    minus_inf = int(torch.tensor(float("-inf"), dtype=dtype).view(bits_dtype))
+    return keep, (keep - 1) & minus_inf
+
+
 def _apply_whole(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, vocab: int) -> None:
     """Rows with no short list either way, masked whole in one pass over the logits' bits:
     bits = fill + bits * keep, keep 1 where allowed, fill the bits of -inf where forbidden
     (exact for any logit, NaN included: a float `minimum` would keep a forbidden NaN,
     `where` is several times slower on CPU). Rows with identical words (string contents)
-    share one expansion of their mask into reused scratch rows, and consecutive ones take
-    it in one call."""
-    bits = logits.view(_BITS_DTYPE[logits.dtype])
-    width = bits.element_size() * 8
-    shifts = torch.arange(width, device=logits.device, dtype=bits.dtype)
-    minus_inf = int(torch.tensor(float("-inf"), dtype=logits.dtype).view(bits.dtype))
-    chunks = words.view(bits.dtype)
-    scratch = torch.empty(2, words.shape[1] * 32, device=logits.device, dtype=bits.dtype)
-    keep, fill = scratch[0, :vocab], scratch[1, :vocab]
+    share one expansion of their mask (two table lookups per 16 bits, into reused scratch
+    rows), and consecutive ones take it in one call."""
+    keep_table, fill_table = _expansions(logits.dtype, logits.device)
+    bits = logits.view(keep_table.dtype)
+    halves = words.view(torch.int16).int() & 0xFFFF
+    scratch = torch.empty(2, halves.shape[1], 16, device=logits.device, dtype=bits.dtype)
+    keep, fill = scratch[0].view(-1)[:vocab], scratch[1].view(-1)[:vocab]
     targets = rows.tolist()
     for owner, members in _duplicates(words).items():
-        expanded = scratch[0].view(-1, width)
-        torch.bitwise_right_shift(chunks[owner].unsqueeze(1), shifts, out=expanded)
-        expanded.bitwise_and_(1)
-        torch.sub(keep, 1, out=fill).bitwise_and_(minus_inf)
+        torch.index_select(keep_table, 0, halves[owner], out=scratch[0])
+        torch.index_select(fill_table, 0, halves[owner], out=scratch[1])
         for start, end in _runs(sorted(targets[member] for member in members)):
             block = bits[start:end]
             torch.addcmul(fill, block, keep, out=block)
