@@ -62,8 +62,9 @@ _FILL_COST = 1.0
 _WHOLE_COST = 1.5
 _EXTRACT_COST = 5.0
 """Estimated costs, in in-place passes over a row: filling it with -inf; masking it whole
-(two bitwise passes); finding and writing the bits of its words, per fraction of its words
-that hold such bits (measured on real masks, fp32 and bf16)."""
+(one pass plus its share of its mask's expansion); finding and writing the bits of its
+words, per fraction of its words that hold such bits (measured on real masks, fp32 and
+bf16)."""
 _MAX_ROUNDS = 6
 _UNPACK_BELOW = 1024
 """Lowest-bit rounds go on until at most 1024 groups (or after 6 rounds) are left; those
@@ -123,6 +124,7 @@ def _runs(rows: list[int]) -> list[tuple[int, int]]:
 
 
 _BITS_DTYPE = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+"""The integer type as wide as each logits type: the whole-row pass works on the bits."""
 
 
 _HASH_STEP = 0x9E3779B97F4A7C15 - (1 << 64)
