@@ -152,14 +152,11 @@ def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
 
 
 @functools.lru_cache(maxsize=8)
-def _expansions(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each 16-bit half-word h, in the integer type as wide as `dtype`: keep (bit i of
-    h: 1 where allowed) and fill (the bits of -inf where bit i is clear, 0 where set)."""
-    bits_dtype = _BITS_DTYPE[dtype]
+def _keep_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Row h: bit i of the 16-bit half-word h (1 where allowed), in the integer type as wide
+    as `dtype`."""
     halves = torch.arange(1 << 16, device=device).unsqueeze(1)
-    keep = ((halves >> torch.arange(16, device=device)) & 1).to(bits_dtype)
-    minus_inf = int(torch.tensor(float("-inf"), dtype=dtype).view(bits_dtype))
-    return keep, (keep - 1) & minus_inf
+    return ((halves >> torch.arange(16, device=device)) & 1).to(_BITS_DTYPE[dtype])
 
 
 def _apply_whole(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, vocab: int) -> None:
@@ -167,17 +164,19 @@ def _apply_whole(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, 
     bits = fill + bits * keep, keep 1 where allowed, fill the bits of -inf where forbidden
     (exact for any logit, NaN included: a float `minimum` would keep a forbidden NaN,
     `where` is several times slower on CPU). Rows with identical words (string contents)
-    share one expansion of their mask (two table lookups per 16 bits, into reused scratch
-    rows), and consecutive ones take it in one call."""
-    keep_table, fill_table = _expansions(logits.dtype, logits.device)
-    bits = logits.view(keep_table.dtype)
+    share one expansion of their mask (a table lookup per 16 bits, then fill = -inf bits
+    * (1 - keep), into reused scratch rows), and consecutive ones take it in one call."""
+    table = _keep_table(logits.dtype, logits.device)
+    bits = logits.view(table.dtype)
+    minus_inf = int(torch.tensor(float("-inf"), dtype=logits.dtype).view(bits.dtype))
+    base = torch.tensor(minus_inf, dtype=bits.dtype, device=logits.device)
     halves = words.view(torch.int16).int() & 0xFFFF
     scratch = torch.empty(2, halves.shape[1], 16, device=logits.device, dtype=bits.dtype)
     keep, fill = scratch[0].view(-1)[:vocab], scratch[1].view(-1)[:vocab]
     targets = rows.tolist()
     for owner, members in _duplicates(words).items():
-        torch.index_select(keep_table, 0, halves[owner], out=scratch[0])
-        torch.index_select(fill_table, 0, halves[owner], out=scratch[1])
+        torch.index_select(table, 0, halves[owner], out=scratch[0])
+        torch.add(base, scratch[0], alpha=-minus_inf, out=scratch[1])
         for start, end in _runs(sorted(targets[member] for member in members)):
             block = bits[start:end]
             torch.addcmul(fill, block, keep, out=block)
