@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
+from grammarmask import kernels
+from grammarmask.kernels import unpack_rows
 
 
 def _masks(bitmask: torch.Tensor, grammar_rows: list[int], vocab_size: int) -> gm.StepMasks:
@@ -151,3 +155,160 @@ def test_rows_in_any_order_and_with_gaps_match_reference() -> None:
         expected = _reference(logits, bitmask, sorted(grammar_rows))
         gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
         assert torch.equal(logits, expected)
+
+
+_SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0]
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bits: NaN payloads and the sign of zero compare too."""
+    return tensor.view(torch.int32 if tensor.element_size() == 4 else torch.int16)
+
+
+def _plain(logits: torch.Tensor, bitmask: torch.Tensor, grammar_rows: list[int]) -> torch.Tensor:
+    """The definition, unpacked whole: where(allowed, logits, -inf) on the grammar rows."""
+    allowed = unpack_rows(bitmask, logits.shape[1])
+    masked = torch.where(allowed, logits, torch.tensor(float("-inf"), dtype=logits.dtype))
+    out = logits.clone()
+    out[grammar_rows] = masked[grammar_rows]
+    return out
+
+
+def _kind_row(kind: str, words: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """One mask row like the real ones (see _structured_row), or half of the words set, or
+    runs of whole forbidden words; the bits past the vocabulary are random junk."""
+    if kind == "half":
+        row = torch.where(torch.rand(words, generator=generator) < 0.5, -1, 0).to(torch.int32)
+    elif kind == "runs":
+        row = torch.full((words,), -1, dtype=torch.int32)
+        start = int(torch.randint(0, words, (1,), generator=generator))
+        row[start : start + 3] = 0
+        row[-1] ^= 1 << 7
+    else:
+        row = _structured_row(kind, words, generator)
+    if vocab % 32:
+        junk = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) << (vocab % 32)
+        row[-1] = (int(row[-1]) & ((1 << (vocab % 32)) - 1)) | (junk & 0x7FFFFFFF)
+    return row
+
+
+@given(
+    kinds=st.lists(
+        st.sampled_from(["all", "none", "most", "few", "random", "half", "runs", "copy"]),
+        min_size=1,
+        max_size=8,
+    ),
+    vocab=st.integers(1, 5000),
+    seed=st.integers(0, 2**31),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    data=st.data(),
+)
+def test_every_path_matches_the_definition_bit_for_bit(
+    kinds: list[str], vocab: int, seed: int, dtype: torch.dtype, data: st.DataObject
+) -> None:
+    """Any mix of rows (duplicates included: "copy" repeats an earlier row), junk bits
+    past the vocabulary, NaN/inf/-0.0 logits: allowed logits keep their bits, forbidden
+    ones become -inf, rows without a grammar stay as they were."""
+    generator = torch.Generator().manual_seed(seed)
+    words = gm.words_per_row(vocab)
+    rows: list[torch.Tensor] = []
+    for kind in kinds:
+        if kind == "copy" and rows:
+            rows.append(rows[data.draw(st.integers(0, len(rows) - 1))].clone())
+        else:
+            rows.append(_kind_row("random" if kind == "copy" else kind, words, vocab, generator))
+    bitmask = torch.stack(rows)
+    grammar_rows = sorted(data.draw(st.lists(st.integers(0, len(rows) - 1), unique=True)))
+    logits = torch.randn(len(rows), vocab, generator=generator).to(dtype)
+    specials = torch.randint(0, len(_SPECIALS), (len(rows), vocab), generator=generator)
+    where = torch.rand(len(rows), vocab, generator=generator) < 0.05
+    for index, value in enumerate(_SPECIALS):
+        logits[where & (specials == index)] = value
+    expected = _plain(logits, bitmask, grammar_rows)
+    gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
+    assert torch.equal(_bits(logits), _bits(expected))
+
+
+def test_rows_at_the_path_thresholds_take_each_path_and_match() -> None:
+    """Rows whose sampled words put them exactly at, and one sample past, each cost
+    threshold: every path is taken and each matches the definition."""
+    vocab = 64 * 32 * 10  # ten sampled words per row
+    words = gm.words_per_row(vocab)
+    stride, width = kernels._SAMPLE_STRIDE, 10
+    per_sample = kernels._EXTRACT_COST / width
+    dense_at = int((kernels._WHOLE_COST - kernels._FILL_COST) / per_sample)
+    sparse_at = int(kernels._WHOLE_COST / per_sample)
+
+    def row(sampled: int, base: int) -> torch.Tensor:
+        out = torch.full((words,), base, dtype=torch.int32)
+        out[: sampled * stride : stride] = ~base  # set (or clear) whole sampled words
+        out[1] ^= 1 << 5  # an unsampled word that differs too
+        return out
+
+    bitmask = torch.stack(
+        [row(dense_at, 0), row(dense_at + 1, 0), row(sparse_at, -1), row(sparse_at + 1, -1)]
+    )
+    sparse, dense, whole = kernels._classify(bitmask, torch.arange(4))
+    assert dense.tolist() == [True, False, False, False]
+    assert sparse.tolist() == [False, False, True, False]
+    assert whole.tolist() == [False, True, False, True]
+    generator = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        logits = torch.randn(4, vocab, generator=generator).to(dtype)
+        expected = _plain(logits, bitmask, [0, 1, 2, 3])
+        gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2, 3], vocab))
+        assert torch.equal(_bits(logits), _bits(expected))
+
+
+def test_rows_sharing_a_hash_but_not_their_words_keep_their_own_masks() -> None:
+    """Rows that differ only outside the hashed sample share a hash: each keeps its own
+    mask, and a true duplicate of the second still shares the second's expansion."""
+    first = torch.zeros(4 * kernels._HASH_STRIDE, dtype=torch.int32)
+    second = first.clone()
+    second[2] = 0x10  # in the second 64-bit group, which is not sampled
+    bitmask = torch.stack([first, second, second])
+    assert kernels._duplicates(bitmask) == {0: [0], 1: [1, 2]}
+    vocab = bitmask.shape[1] * 32
+    logits = torch.randn(3, vocab)
+    expected = _plain(logits, bitmask, [0, 1, 2])
+    with mock.patch.object(kernels, "_classify", _all_whole):
+        gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2], vocab))
+    assert torch.equal(_bits(logits), _bits(expected))
+
+
+def _all_whole(
+    bitmask: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    none = torch.zeros(rows.shape[0], dtype=torch.bool)
+    return none, none, ~none
+
+
+@given(
+    words=st.lists(
+        st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=9),
+        min_size=1,
+        max_size=4,
+    ),
+    vocab_cut=st.integers(0, 31),
+    unpack_below=st.sampled_from([0, 3, 1024]),
+    max_rounds=st.sampled_from([1, 6, 70]),
+)
+def test_bit_positions_match_a_plain_unpack(
+    words: list[list[int]], vocab_cut: int, unpack_below: int, max_rounds: int
+) -> None:
+    """The lowest-bit rounds and the unpack of what they leave find exactly the set bits
+    (bit 31 and bit 63 of a group included), whatever the split between them; bits past
+    the vocabulary are never reported."""
+    width = max(len(row) for row in words)
+    bitmask = torch.tensor([row + [-1] * (width - len(row)) for row in words], dtype=torch.int32)
+    vocab = max(1, width * 32 - vocab_cut)
+    bitmask = bitmask[:, : gm.words_per_row(vocab)].contiguous()
+    rows = torch.arange(bitmask.shape[0]) * 5 + 1  # logits rows with gaps
+    allowed = unpack_rows(bitmask, vocab)
+    expected = (rows.unsqueeze(1) * vocab + torch.arange(vocab))[allowed]
+    with (
+        mock.patch.object(kernels, "_UNPACK_BELOW", unpack_below),
+        mock.patch.object(kernels, "_MAX_ROUNDS", max_rounds),
+    ):
+        found = kernels._positions(bitmask.clone(), rows, vocab)
+    assert torch.equal(found.sort().values, expected)
