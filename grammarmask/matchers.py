@@ -454,7 +454,7 @@ class StepFill:
         self, entry: FillEntry, scratch: torch.Tensor, valid: int, failure: str | None
     ) -> None:
         first = entry.rows[0]
-        if entry.rows[-1] - first == len(entry.rows) - 1:
+        if entry.rows == tuple(range(first, first + len(entry.rows))):  # a run, in order
             self._host[first : first + len(entry.rows)].copy_(scratch)
         else:
             self._host[list(entry.rows)] = scratch

@@ -366,3 +366,17 @@ def test_outlines_requests_follow_the_same_protocol(
             assert torch.equal(masks.bitmask[j], row[0])
         assert torch.equal(masks.bitmask[4], masks.bitmask[3])  # don't care: a copy, not zeros
         assert pool.state("r").backend == "outlines"
+
+
+def test_rows_in_any_order_get_their_own_masks(deepseek: gm.Vocabulary) -> None:
+    """Explicit rows out of order (0, 2, 1, 3: first and last differ by len - 1, yet not a
+    run) each get the mask of their own draft depth."""
+    digits = [deepseek.token_bytes.index(d) for d in (b"1", b"2", b"3")]
+    with gm.MatcherPool(deepseek, workers=1) as pool:
+        pool.add("in-order", gm.Grammar.regex("1(2(3x)?)?"))
+        pool.add("shuffled", gm.Grammar.regex("1(2(3x)?)?"))
+        ordered = pool.fill([("in-order", digits)])
+        rows = [0, 2, 1, 3]
+        shuffled = pool.fill([("shuffled", digits)], row_indices=[rows], num_rows=4)
+        for depth, row in enumerate(rows):
+            assert torch.equal(shuffled.bitmask[row], ordered.bitmask[depth]), depth
