@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import accepts_all, allowed_ids, bundled_schema
+from conftest import accepts_all, allowed_ids, bundled_schema, ids_in_row
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -293,3 +293,21 @@ def test_llguidance_matchers_of_one_grammar_fill_identically_from_two_threads(
     with ThreadPoolExecutor(2) as threads:
         together = list(threads.map(masks, walks * 4))
     assert all(torch.equal(t, alone[i % len(walks)]) for i, t in enumerate(together))
+
+
+def test_xgrammar_filters_every_draft_row_wherever_it_lies(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler
+) -> None:
+    """Rows 3, 0, 1, 6 (first and last differ by len - 1, yet not a run): each filled row
+    still loses the raw control-byte tokens xgrammar lets into strings with minLength, and
+    the rows between them are not touched."""
+    grammar = gm.Grammar.json_schema({"type": "string", "minLength": 1})
+    matcher = deepseek_compiler.compile(grammar, "xgrammar").matcher()
+    quote, letter = deepseek.token_bytes.index(b'"'), deepseek.token_bytes.index(b"a")
+    controls = {i for i, t in enumerate(deepseek.token_bytes) if t and t[0] < 0x20}
+    rows = [3, 0, 1, 6]
+    bitmask = torch.zeros(7, gm.words_per_row(deepseek.size), dtype=torch.int32)
+    assert matcher.fill_drafts(bitmask, rows, [quote, letter, letter]) == 3
+    for row in rows:
+        assert ids_in_row(bitmask[row], deepseek.size) & controls == set(), row
+    assert not bitmask[[2, 4, 5]].any()

@@ -162,7 +162,7 @@ class XGrammarMatcher(Matcher):
         if accepted:
             matcher.rollback(accepted)
         filled = rows[: accepted + 1]
-        if filled[-1] - filled[0] == len(filled) - 1:
+        if list(filled) == list(range(filled[0], filled[0] + len(filled))):  # a run, in order
             bitmask[filled[0] : filled[-1] + 1].bitwise_and_(token_filter.allowed)
         else:
             for row in filled:
