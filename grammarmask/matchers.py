@@ -30,7 +30,7 @@ from .compiler import GrammarCompiler, wait_compiled
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
-from .steps import RequestId, integer_ids
+from .steps import RequestId, integer_ids, run_slice
 from .vocabulary import Vocabulary
 
 Status = Literal["active", "finished", "failed"]
@@ -453,9 +453,9 @@ class StepFill:
     def _publish(
         self, entry: FillEntry, scratch: torch.Tensor, valid: int, failure: str | None
     ) -> None:
-        first = entry.rows[0]
-        if entry.rows == tuple(range(first, first + len(entry.rows))):  # a run, in order
-            self._host[first : first + len(entry.rows)].copy_(scratch)
+        block = run_slice(entry.rows)
+        if block is not None:
+            self._host[block].copy_(scratch)
         else:
             self._host[list(entry.rows)] = scratch
         self.result.valid[entry.index] = valid

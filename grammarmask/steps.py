@@ -165,3 +165,16 @@ class StepMasks:
     @property
     def num_rows(self) -> int:
         return int(self.bitmask.shape[0])
+
+
+def run_slice(rows: Sequence[int]) -> slice | None:
+    """`rows` as a slice when they are consecutive and in order, so one block operation can
+    serve them; None otherwise (rows 0, 2, 1, 3 span a block but are not a run)."""
+    if not rows:
+        return None
+    first = rows[0]
+    return (
+        slice(first, first + len(rows))
+        if list(rows) == list(range(first, first + len(rows)))
+        else None
+    )

@@ -15,6 +15,7 @@ import xgrammar
 from ..enforcement import XGRAMMAR_SUPPORT, Unenforced, find_unenforced, iter_subschemas
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
+from ..steps import run_slice
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits
 
@@ -162,8 +163,9 @@ class XGrammarMatcher(Matcher):
         if accepted:
             matcher.rollback(accepted)
         filled = rows[: accepted + 1]
-        if list(filled) == list(range(filled[0], filled[0] + len(filled))):  # a run, in order
-            bitmask[filled[0] : filled[-1] + 1].bitwise_and_(token_filter.allowed)
+        block = run_slice(filled)
+        if block is not None:
+            bitmask[block].bitwise_and_(token_filter.allowed)
         else:
             for row in filled:
                 bitmask[row].bitwise_and_(token_filter.allowed)
