@@ -487,14 +487,19 @@ def _requeue_compiled(step: weakref.ref[StepFill], index: int, _: object) -> Non
 
 
 def token_ids(tokens: Sequence[int]) -> tuple[int, ...]:
-    """Committed tokens as ids; anything that is not an integer fails the request rather
-    than being truncated (int(2.7) would silently commit token 2)."""
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+    """Committed tokens as ids, from any sequence of integers (a list, a sampler's 1-D
+    tensor or array); anything that is not an integer fails the request rather than being
+    truncated (int(2.7) would silently commit token 2)."""
+    try:
+        values = None if isinstance(tokens, (str, bytes)) else list(tokens)
+    except TypeError:  # not iterable, or a 0-d tensor
+        values = None
+    if values is None:
         raise RequestFault(
             f"committed tokens must be a sequence of integer token ids, not {tokens!r}"
         )
     return integer_ids(
-        tokens,
+        values,
         lambda token: RequestFault(
             f"committed token {token!r} ({type(token).__name__}) is not an integer token id"
         ),

@@ -289,10 +289,8 @@ class ProcessExecutor:
                 held = self._held.get(request_id)
                 if held is not None and held.failed is None:
                     held.failed = str(exc)
-            tokens = ()  # fails below with that reason (or as unknown)
-        else:
-            tokens = ids
-        return self._ask(request_id, ("commit", request_id, tokens), "committing tokens", tokens)
+            ids = ()  # `_ask` answers with that reason (or as unknown)
+        return self._ask(request_id, ("commit", request_id, ids), "committing tokens", ids)
 
     def _ask(
         self, request_id: RequestId, message: tuple[Any, ...], doing: str, tokens: tuple[int, ...]

@@ -405,3 +405,17 @@ def test_unknown_ids_are_refused_every_step_and_never_recorded(pool: gm.MatcherP
         }
         assert masks.valid_rows == (1,)
     assert pool.state("never-added").reason == "unknown request id 'never-added'"
+
+
+def test_a_sampler_tensor_commits_like_a_list(
+    pool: gm.MatcherPool, cases: dict[str, tuple[gm.Grammar, list[int]]]
+) -> None:
+    """Accepted tokens straight from a sampler (an int64 tensor) advance the request as the
+    same ids in a list do, in both isolation modes."""
+    grammar, ids = cases["person"]
+    as_tensor, as_list = _add([pool], grammar, []), _add([pool], grammar, [])
+    assert pool.commit(as_tensor, torch.tensor(ids[:3])).committed == 3
+    assert pool.commit(as_list, ids[:3]).committed == 3
+    masks = pool.fill([(as_tensor, ids[3:5]), (as_list, ids[3:5])])
+    assert masks.valid_rows == (3, 3)
+    assert torch.equal(_rows(masks, as_tensor), _rows(masks, as_list))
