@@ -427,7 +427,8 @@ class StepFill:
             done = (entry, scratch, valid, failure)
 
     def compiled(self, index: int) -> None:
-        """A waiting request's compilation ended: back in the queue."""
+        """A waiting request's compilation ended, or its compile timeout passed: back in the
+        queue (a fill past the timeout fails it there)."""
         with self._condition:
             if self._closed or self._compiling.pop(index, None) is None:
                 return
@@ -435,14 +436,10 @@ class StepFill:
             self._start_drains()
 
     def _requeue_compiles(self, now: float) -> None:
-        """Requests past their compile timeout go back to the queue, to fail there (condition
-        held): the fill reports the timeout as a compile that never ends would not."""
-        late = [index for index, at in self._compiling.items() if at <= now]
-        for index in late:
-            del self._compiling[index]
-            self._pending.append(index)
-        if late:
-            self._start_drains()
+        """Requests past their compile timeout rejoin the queue (condition held, reentrant):
+        a compile that never ends must not keep them waiting."""
+        for index in [index for index, at in self._compiling.items() if at <= now]:
+            self.compiled(index)
 
     def _next_wake(self, remaining: float | None, now: float) -> float | None:
         waits = [at - now for at in self._compiling.values()]
