@@ -50,10 +50,11 @@ FAULTS = {
     "deadline": 0.3,
 }
 HOLDS_A_THREAD = {"deadline": HANG_S, "compile timeout": 12.0 + 10.0}
-"""Faults that hold a thread for seconds: a hung fill holds a fill thread; a stuck compile
-(12 s) holds a compile thread, and fills of requests compiling behind it wait. During
-either, another deadline step would rightly fail requests without a fault of their own
-(their masks are not ready in time), so the soak injects these one at a time."""
+"""Faults that hold a thread for seconds, injected one at a time. A stuck compile (12 s)
+holds a compile thread, and requests whose grammars compile behind it wait: a deadline
+step then rightly fails them (their masks are not ready in time). A hung fill holds its
+fill thread; the pool hands out fresh ones after the late step, so hangs need no spacing
+for correctness, but keeping them apart bounds the threads stuck at once."""
 NEW_REQUEST_FAULTS = (
     "fill",
     "accept",
