@@ -150,7 +150,7 @@ class GrammarCompiler:
     ) -> Future[CompiledGrammar]:
         with self._lock:
             future = self._cache.get(key)
-            if future is not None:
+            if future is not None and not future.cancelled():  # a cancelled one compiles anew
                 self._cache.move_to_end(key)
                 return future
             future = (

@@ -55,6 +55,22 @@ def test_concurrent_requests_share_one_compilation(deepseek: gm.Vocabulary) -> N
     compiler.close()
 
 
+def test_a_cancelled_compilation_is_compiled_anew(deepseek: gm.Vocabulary) -> None:
+    """A caller may cancel a compilation still queued (the bench drops the candidates it
+    no longer needs): the next request for that grammar must compile it, not get the
+    cancelled future."""
+    compiler = gm.GrammarCompiler(deepseek, threads=1)
+    busy = compiler.submit(gm.Grammar.regex(r"(ab|cd){2,9}x"), "xgrammar")
+    grammar = gm.Grammar.regex(r"[a-c]{3}")
+    queued = compiler.submit(grammar, "xgrammar")
+    assert queued.cancel()
+    again = compiler.submit(grammar, "xgrammar")
+    assert again is not queued
+    assert again.result(timeout=60).matcher().accept(deepseek.token_bytes.index(b"a"))
+    busy.result(timeout=60)
+    compiler.close()
+
+
 def test_failures_are_cached_and_repeat_the_same_error(deepseek: gm.Vocabulary) -> None:
     compiler = gm.GrammarCompiler(deepseek)
     bad = gm.Grammar.json_schema({"type": "object", "properties": {"a": False}, "required": ["a"]})
