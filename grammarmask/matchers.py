@@ -4,9 +4,10 @@ The pool runs this in its own process (thread isolation) and every worker proces
 too (process isolation): the same code decides every row and every failure reason in both
 modes, which is what keeps their masks bit-identical.
 
-A step's rows are filled into a scratch buffer of the fill thread and copied into the
-step's host slot only while the step still waits for them: a fill that comes back after
-the step's deadline is dropped, never written into a slot that a later step owns.
+A step with a deadline has its rows filled into a scratch buffer of the fill thread and
+copied into the step's host slot only while the step still waits for them: a fill that
+comes back after the deadline is dropped, never written into a slot that a later step owns.
+A step that no deadline can close early is filled straight into its slot.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ class MatcherTable:
             return None
         return request.compiled
 
-    def _scratch_rows(self, count: int) -> torch.Tensor:
+    def scratch_rows(self, count: int) -> torch.Tensor:
         """This thread's scratch rows, reused from request to request: a fresh buffer per
         request cost more than the fills themselves (first-touch page faults)."""
         rows: torch.Tensor | None = getattr(self._scratch, "rows", None)
@@ -242,31 +243,30 @@ class MatcherTable:
             self._scratch.rows = rows
         return rows[:count]
 
-    def fill_scratch(
-        self, request: _Request, entry: FillEntry
-    ) -> tuple[torch.Tensor, int, str | None]:
-        """One request's rows in this thread's scratch rows (valid until its next fill):
-        (rows, valid rows, reason if it failed now)."""
-        scratch = self._scratch_rows(len(entry.rows))
+    def fill_rows(
+        self, request: _Request, entry: FillEntry, out: torch.Tensor
+    ) -> tuple[int, str | None]:
+        """One request's rows into `out` (one row per entry row): (valid rows, reason if it
+        failed now)."""
         if request.failed:  # checked before the lock: a late fill may hold it
-            scratch[:] = self.stop_row
-            return scratch, 1, None
+            out[:] = self.stop_row
+            return 1, None
         with request.lock:
             matcher = None if request.status == "finished" else self._ready_matcher(request)
             if matcher is None:
-                scratch[:] = self.stop_row
-                return scratch, 1, (request.reason if request.failed else None)
+                out[:] = self.stop_row
+                return 1, (request.reason if request.failed else None)
             try:
                 for draft in entry.drafts:
                     self._check_token(draft, "draft")
-                accepted = matcher.fill_drafts(scratch, range(len(entry.rows)), entry.drafts)
+                accepted = matcher.fill_drafts(out, range(len(entry.rows)), entry.drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
-                scratch[:] = self.stop_row
-                return scratch, 1, request.reason
+                out[:] = self.stop_row
+                return 1, request.reason
             if accepted + 1 < len(entry.rows):
-                scratch[accepted + 1 :] = scratch[accepted]
-            return scratch, accepted + 1, None
+                out[accepted + 1 :] = out[accepted]
+            return accepted + 1, None
 
     def _check_token(self, token_id: int, kind: str) -> None:
         if not 0 <= token_id < self.vocab.size:
@@ -281,7 +281,7 @@ class MatcherTable:
             request = self._requests.get(request_id)
         if request is None:
             return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
-        if request.failed:  # before the lock, as in fill_scratch
+        if request.failed:  # before the lock, as in fill_rows
             return request.snapshot()
         try:
             accepted_tokens = token_ids(accepted_tokens)
@@ -351,6 +351,7 @@ class StepFill:
         self._in_flight = 0
         self._closed = False
         self._host = torch.empty(0, dtype=torch.int32)
+        self._direct = False
         self._progress: torch.Tensor | None = None
         self._condition = threading.Condition()
         self._executor: Executor | None = None
@@ -371,6 +372,7 @@ class StepFill:
         no deadline possible, this thread is one of the tasks (no hand-off when it alone
         keeps up, as for one request)."""
         self._host, self._progress, self._condition = host, progress, deadline.condition
+        self._direct = deadline.never
         self._executor, self._threads = executor, threads
         with self._condition:
             if deadline.never:
@@ -400,7 +402,7 @@ class StepFill:
     def _drain(self) -> None:
         """Fill requests until none is left; one lock round per request (publish the last
         one's rows, take the next), and the waiting thread is woken only at the end."""
-        done: tuple[FillEntry, torch.Tensor, int, str | None] | None = None
+        done: tuple[FillEntry, torch.Tensor | None, int, str | None] | None = None
         while True:
             with self._condition:
                 if done is not None:
@@ -423,8 +425,13 @@ class StepFill:
                     self._condition.notify_all()  # the step now also waits for that timeout
                     continue
                 self._in_flight += 1
-            scratch, valid, failure = self._table.fill_scratch(request, entry)
-            done = (entry, scratch, valid, failure)
+            # straight into the slot when no deadline can close the step early (nothing
+            # can then land late): saves a copy per request
+            block = run_slice(entry.rows) if self._direct else None
+            direct = block is not None
+            out = self._host[block] if direct else self._table.scratch_rows(len(entry.rows))
+            valid, failure = self._table.fill_rows(request, entry, out)
+            done = (entry, None if direct else out, valid, failure)
 
     def compiled(self, index: int) -> None:
         """A waiting request's compilation ended, or its compile timeout passed: back in the
@@ -448,13 +455,15 @@ class StepFill:
         return max(0.0, min(waits)) if waits else None
 
     def _publish(
-        self, entry: FillEntry, scratch: torch.Tensor, valid: int, failure: str | None
+        self, entry: FillEntry, scratch: torch.Tensor | None, valid: int, failure: str | None
     ) -> None:
-        block = run_slice(entry.rows)
-        if block is not None:
-            self._host[block].copy_(scratch)
-        else:
-            self._host[list(entry.rows)] = scratch
+        """Rows filled in scratch (None: already in the slot) go into the slot."""
+        if scratch is not None:
+            block = run_slice(entry.rows)
+            if block is not None:
+                self._host[block].copy_(scratch)
+            else:
+                self._host[list(entry.rows)] = scratch
         self.result.valid[entry.index] = valid
         if failure is not None:
             self.result.failures[entry.request_id] = failure

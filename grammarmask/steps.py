@@ -172,6 +172,8 @@ def run_slice(rows: Sequence[int]) -> slice | None:
     serve them; None otherwise (rows 0, 2, 1, 3 span a block but are not a run)."""
     if not rows:
         return None
+    if isinstance(rows, range):  # the pool's own rows: no list to build
+        return slice(rows.start, rows.stop) if rows.step == 1 else None
     first = rows[0]
     return (
         slice(first, first + len(rows))

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import accepts_all, allowed_ids, bundled_schema, ids_in_row
+from conftest import accepts_all, allowed_ids, bundled_examples, bundled_schema, ids_in_row
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -311,3 +311,55 @@ def test_xgrammar_filters_every_draft_row_wherever_it_lies(
     for row in rows:
         assert ids_in_row(bitmask[row], deepseek.size) & controls == set(), row
     assert not bitmask[[2, 4, 5]].any()
+
+
+@pytest.fixture(scope="module")
+def instances(
+    deepseek_encode: Callable[[str], list[int]],
+) -> list[tuple[gm.Grammar, list[int]]]:
+    """Bundled schemas with the token ids of their first example."""
+    names = ["person", "invoice", "function_call", "matrix"]
+    return list(bundled_examples(names, deepseek_encode).values())
+
+
+@given(data=st.data())
+def test_xgrammar_draft_fill_matches_the_interface_loop(
+    deepseek: gm.Vocabulary,
+    deepseek_compiler: gm.GrammarCompiler,
+    instances: list[tuple[gm.Grammar, list[int]]],
+    data: st.DataObject,
+) -> None:
+    """XGrammarMatcher.fill_drafts (its own loop, the token filter inlined: the pool's hot
+    path) against the interface's loop over fill/accept/rollback on the same matcher: the
+    same accepted count, the same rows up to it, the rows past it untouched, and the state
+    unchanged. Drafts come from a real instance with a forbidden token, a stop token, a raw
+    control byte or a surrogate lead/continuation spliced in."""
+    grammar, instance = data.draw(st.sampled_from(instances))
+    ids = [*instance, deepseek.stop_token_ids[0]]
+    matcher = deepseek_compiler.compile(grammar, "xgrammar").matcher()
+    near_end = st.integers(max(0, len(ids) - 7), len(ids) - 1)  # drafts reach the stop token
+    position = data.draw(st.one_of(st.integers(0, len(ids) - 1), near_end))
+    assert all(matcher.accept(token) for token in ids[:position])
+    drafts = ids[position : position + data.draw(st.integers(0, 6))]
+    tokens = deepseek.token_bytes
+    splice = st.sampled_from(
+        [
+            deepseek.stop_token_ids[0],
+            tokens.index(b"\n"),
+            tokens.index(b"["),
+            next(i for i, t in enumerate(tokens) if t.endswith(b"\xed")),
+            next(i for i, t in enumerate(tokens) if t[:1] == b"\xa0"),
+        ]
+    )
+    if drafts and data.draw(st.booleans()):
+        drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(splice)
+    words = gm.words_per_row(deepseek.size)
+    untouched = torch.full((words,), 0x5A5A5A5A, dtype=torch.int32)
+    drafted = untouched.repeat(len(drafts) + 1, 1)
+    looped = torch.zeros_like(drafted)
+    before = _mask(matcher, deepseek.size)
+    accepted = matcher.fill_drafts(drafted, range(len(drafts) + 1), drafts)
+    assert torch.equal(_mask(matcher, deepseek.size), before)
+    assert gm.Matcher.fill_drafts(matcher, looped, range(len(drafts) + 1), drafts) == accepted
+    assert torch.equal(drafted[: accepted + 1], looped[: accepted + 1])
+    assert all(torch.equal(row, untouched) for row in drafted[accepted + 1 :])
