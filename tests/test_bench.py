@@ -71,6 +71,7 @@ def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
         "naive loop (1 thread)",
         "xgrammar batch matcher (2 threads)",
         "xgrammar draft tree (1 thread)",
+        "naive loop split on 2 threads (reference)",
         "pool, 1 worker",
         "pool, 2 workers",
     }

@@ -170,12 +170,13 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def table(rows: Sequence[Row]) -> str:
     """The console table: one line per row, ratios against the baseline of its point."""
     header = ["scenario", "point", "variant", "p50", "p99", "unit", "x base p50", "x base p99"]
-    lines = [[*header, "target", "met"]]
+    lines = [[*header, "target", "met", "notes"]]
     for row in rows:
         if row.unavailable is not None:
             lines.append([row.scenario, row.point, row.variant, "unavailable: " + row.unavailable])
             continue
         met = {None: "", True: "yes", False: "NO"}[row.met]
+        notes = ", ".join(f"{name} {value:.3f}" for name, value in row.extra.items())
         lines.append(
             [
                 row.scenario,
@@ -188,9 +189,10 @@ def table(rows: Sequence[Row]) -> str:
                 _fmt(row.ratio_p99, 3),
                 "" if row.target is None else str(row.target),
                 met,
+                notes,
             ]
         )
-    columns = len(header) + 2
+    columns = len(header) + 3
     widths = [  # an "unavailable" note spans the figure columns and sets no width
         max(len(line[i]) for line in lines if len(line) == columns or i < 3) for i in range(columns)
     ]
