@@ -97,8 +97,9 @@ class Row:
     """One variant at one point of a scenario, against that point's baseline.
 
     `ratio_p50` = variant p50 / baseline p50 of the measured quantity (time, or tokens/s
-    where `unit` says so); `ratio_p99` the same for p99. `unavailable` says why a variant
-    could not run here (no CUDA device, a pool option not built yet).
+    where `unit` says so; e2e: the median of paired runs' ratios, see bench/e2e.py);
+    `ratio_p99` the same for p99. `unavailable` says why a variant could not run here (no
+    CUDA device, a pool option not built yet).
     """
 
     scenario: str
