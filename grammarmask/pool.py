@@ -335,14 +335,11 @@ class MatcherPool:
 
     def _masks(self, plan: StepPlan, bitmask: torch.Tensor, result: FillResult) -> StepMasks:
         row_to_request, local_step, is_verify = plan.layout()
-        entries = zip(plan.request_ids, plan.rows, strict=True)
-        grammar_rows = [row for rid, rows in entries if rid is not None for row in rows]
-        has_grammar = torch.zeros(plan.num_rows, dtype=torch.bool)
-        has_grammar[grammar_rows] = True
+        has_grammar, grammar_rows = plan.grammar_rows()
         return StepMasks(
             bitmask=bitmask,
             has_grammar=has_grammar,
-            grammar_rows=torch.tensor(grammar_rows, dtype=torch.long),
+            grammar_rows=grammar_rows,
             row_to_request=row_to_request,
             local_step=local_step,
             is_verify=is_verify,

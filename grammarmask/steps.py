@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy
 import torch
 
 from .errors import GrammarMaskError
@@ -38,6 +39,8 @@ class StepPlan:
     drafts: tuple[tuple[int, ...], ...]
     rows: tuple[tuple[int, ...], ...]
     num_rows: int
+    packed: bool = False
+    """Rows in batch order from row 0 (the default layout): the flat rows are an arange."""
 
     @classmethod
     def build(
@@ -70,7 +73,7 @@ class StepPlan:
                 raise BatchError(
                     f"num_rows={num_rows} is smaller than the {start} rows the batch needs"
                 )
-            return cls(request_ids, drafts, tuple(rows), total)
+            return cls(request_ids, drafts, tuple(rows), total, packed=True)
         if len(row_indices) != len(batch):
             raise BatchError(f"{len(row_indices)} row index lists for {len(batch)} batch entries")
         explicit = tuple(tuple(int(i) for i in r) for r in row_indices)
@@ -88,20 +91,41 @@ class StepPlan:
             raise BatchError(f"row indices must lie in [0, {total})")
         return cls(request_ids, drafts, explicit, total)
 
+    def _flat_rows(self) -> tuple[numpy.ndarray[Any, Any], numpy.ndarray[Any, Any]]:
+        """Every entry's rows in batch order, and the entry each belongs to."""
+        lengths = numpy.array([len(rows) for rows in self.rows], dtype=numpy.int64)
+        entry = numpy.repeat(numpy.arange(len(self.rows)), lengths)
+        if self.packed:
+            return numpy.arange(entry.size), entry
+        return numpy.array([row for rows in self.rows for row in rows], dtype=numpy.int64), entry
+
+    def grammar_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """has_grammar (one bool per row) and the rows of entries with a request id, in
+        batch order (int64)."""
+        rows, entry = self._flat_rows()
+        named = numpy.array([rid is not None for rid in self.request_ids], dtype=bool)
+        picked = rows[named[entry]] if entry.size else rows
+        has_grammar = numpy.zeros(self.num_rows, dtype=bool)
+        has_grammar[picked] = True
+        return torch.from_numpy(has_grammar), torch.from_numpy(picked)
+
     def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """row_to_request (-1: no entry), local_step, is_verify; one value per row."""
-        row_to_request = [-1] * self.num_rows
-        local_step = [0] * self.num_rows
-        is_verify = [False] * self.num_rows
-        for entry, rows in enumerate(self.rows):
-            for step, row in enumerate(rows):
-                row_to_request[row] = entry
-                local_step[row] = step
-                is_verify[row] = step < len(rows) - 1
+        """row_to_request (-1: no entry), local_step, is_verify; one value per row. Whole-
+        array numpy ops: a Python loop over the rows took ~0.15 ms at 384 rows, and torch
+        calls cost more than that loop on small steps."""
+        rows, entry = self._flat_rows()
+        lengths = numpy.bincount(entry, minlength=len(self.rows))
+        step = numpy.arange(entry.size) - (numpy.cumsum(lengths) - lengths)[entry]
+        row_to_request = numpy.full(self.num_rows, -1, dtype=numpy.int32)
+        row_to_request[rows] = entry
+        local_step = numpy.zeros(self.num_rows, dtype=numpy.int32)
+        local_step[rows] = step
+        is_verify = numpy.zeros(self.num_rows, dtype=bool)
+        is_verify[rows] = step < (lengths - 1)[entry]
         return (
-            torch.tensor(row_to_request, dtype=torch.int32),
-            torch.tensor(local_step, dtype=torch.int32),
-            torch.tensor(is_verify, dtype=torch.bool),
+            torch.from_numpy(row_to_request),
+            torch.from_numpy(local_step),
+            torch.from_numpy(is_verify),
         )
 
 

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
+from grammarmask.steps import StepPlan
 
 NAMES = [
     "person",
@@ -308,6 +309,38 @@ def test_lifecycle_states(
         assert _stop_only(deepseek, masks.bitmask[0])
         again = pool.fill([("ghost", [])]).failures  # no record kept: refused every step
         assert "add() it before its first step" in again["ghost"]
+
+
+@given(data=st.data())
+def test_step_row_metadata_matches_a_row_by_row_walk(data: st.DataObject) -> None:
+    """The step's row metadata, built with whole-tensor ops, against the definition walked
+    row by row: default and explicit layouts, entries without a grammar, spare rows."""
+    count = data.draw(st.integers(0, 6))
+    batch = [
+        (data.draw(st.sampled_from([None, f"r{i}"])), [7] * data.draw(st.integers(0, 4)))
+        for i in range(count)
+    ]
+    needed = sum(len(drafts) + 1 for _, drafts in batch)
+    num_rows = needed + data.draw(st.integers(0, 3))
+    row_indices = None
+    if data.draw(st.booleans()):
+        spots = data.draw(st.permutations(range(num_rows)))
+        starts = [sum(len(d) + 1 for _, d in batch[:i]) for i in range(count)]
+        row_indices = [spots[s : s + len(d) + 1] for s, (_, d) in zip(starts, batch, strict=True)]
+    plan = StepPlan.build(batch, row_indices, num_rows)
+    to_request, step, verify = [-1] * num_rows, [0] * num_rows, [False] * num_rows
+    for entry, rows in enumerate(plan.rows):
+        for position, row in enumerate(rows):
+            to_request[row], step[row] = entry, position
+            verify[row] = position < len(rows) - 1
+    row_to_request, local_step, is_verify = plan.layout()
+    assert row_to_request.tolist() == to_request
+    assert local_step.tolist() == step
+    assert is_verify.tolist() == verify
+    expected = [row for (rid, _), rows in zip(batch, plan.rows, strict=True) if rid for row in rows]
+    has_grammar, grammar_rows = plan.grammar_rows()
+    assert grammar_rows.tolist() == expected
+    assert has_grammar.tolist() == [row in expected for row in range(num_rows)]
 
 
 def test_explicit_row_indices(deepseek: gm.Vocabulary) -> None:
