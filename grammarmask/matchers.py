@@ -31,7 +31,7 @@ from .compiler import GrammarCompiler, wait_compiled
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
-from .steps import RequestId, integer_ids, run_slice
+from .steps import RequestId, integer_ids
 from .vocabulary import Vocabulary
 
 Status = Literal["active", "finished", "failed"]
@@ -66,6 +66,8 @@ class FillEntry:
     request_id: RequestId
     drafts: tuple[int, ...]
     rows: tuple[int, ...]
+    block: slice | None = None
+    """`rows` as one slice when they are a run (the default layout), found once per step."""
 
 
 @dataclass
@@ -257,8 +259,12 @@ class MatcherTable:
                 out[:] = self.stop_row
                 return 1, (request.reason if request.failed else None)
             try:
-                for draft in entry.drafts:
-                    self._check_token(draft, "draft")
+                if (  # one range check; the loop below names the bad draft
+                    entry.drafts
+                    and not 0 <= min(entry.drafts) <= max(entry.drafts) < self.vocab.size
+                ):
+                    for draft in entry.drafts:
+                        self._check_token(draft, "draft")
                 accepted = matcher.fill_drafts(out, range(len(entry.rows)), entry.drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
@@ -347,6 +353,7 @@ class StepFill:
         self._compiling: dict[int, float] = {}
         """Requests waiting for their compilation: batch position -> compile deadline."""
         self._left = len(entries)
+        self.rows = sum(len(entry.rows) for entry in entries)
         self._drains = 0
         self._in_flight = 0
         self._closed = False
@@ -427,7 +434,7 @@ class StepFill:
                 self._in_flight += 1
             # straight into the slot when no deadline can close the step early (nothing
             # can then land late): saves a copy per request
-            block = run_slice(entry.rows) if self._direct else None
+            block = entry.block if self._direct else None
             direct = block is not None
             out = self._host[block] if direct else self._table.scratch_rows(len(entry.rows))
             valid, failure = self._table.fill_rows(request, entry, out)
@@ -459,9 +466,8 @@ class StepFill:
     ) -> None:
         """Rows filled in scratch (None: already in the slot) go into the slot."""
         if scratch is not None:
-            block = run_slice(entry.rows)
-            if block is not None:
-                self._host[block].copy_(scratch)
+            if entry.block is not None:
+                self._host[entry.block].copy_(scratch)
             else:
                 self._host[list(entry.rows)] = scratch
         self.result.valid[entry.index] = valid

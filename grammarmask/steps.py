@@ -91,6 +91,11 @@ class StepPlan:
             raise BatchError(f"row indices must lie in [0, {total})")
         return cls(request_ids, drafts, explicit, total)
 
+    def block(self, rows: tuple[int, ...]) -> slice | None:
+        """One entry's rows as a slice when they are a run (see `run_slice`); in the
+        default layout they always are, and nothing needs checking."""
+        return slice(rows[0], rows[0] + len(rows)) if self.packed else run_slice(rows)
+
     def _flat_rows(self) -> tuple[numpy.ndarray[Any, Any], numpy.ndarray[Any, Any]]:
         """Every entry's rows in batch order, and the entry each belongs to."""
         lengths = numpy.array([len(rows) for rows in self.rows], dtype=numpy.int64)
