@@ -259,12 +259,8 @@ class MatcherTable:
                 out[:] = self.stop_row
                 return 1, (request.reason if request.failed else None)
             try:
-                if (  # one range check; the loop below names the bad draft
-                    entry.drafts
-                    and not 0 <= min(entry.drafts) <= max(entry.drafts) < self.vocab.size
-                ):
-                    for draft in entry.drafts:
-                        self._check_token(draft, "draft")
+                for draft in entry.drafts:
+                    self._check_token(draft, "draft")
                 accepted = matcher.fill_drafts(out, range(len(entry.rows)), entry.drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
