@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import logging
+from types import ModuleType
 
 import torch
 
@@ -11,6 +14,16 @@ from .errors import GrammarMaskError
 from .steps import StepMasks
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+_native: ModuleType | None
+try:
+    _native = importlib.import_module(f"{__package__}._maskkernel")
+except ImportError:  # built at install when a C compiler is there (setup.py)
+    _native = None
+    logging.getLogger(__name__).warning(
+        "grammarmask._maskkernel is not built (no C compiler at install?): apply_bitmask on "
+        "CPU runs its tensor-op path, several times slower; reinstall with gcc or clang"
+    )
 
 
 class ApplyError(GrammarMaskError, ValueError):
@@ -152,6 +165,13 @@ def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
 
 
 @functools.lru_cache(maxsize=8)
+def _minus_inf_bits(dtype: torch.dtype) -> int:
+    """The bits of -inf in `dtype`, as an unsigned integer as wide as it."""
+    signed = int(torch.tensor(float("-inf"), dtype=dtype).view(_BITS_DTYPE[dtype]))
+    return signed % (1 << (8 * dtype.itemsize))
+
+
+@functools.lru_cache(maxsize=8)
 def _keep_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Row h: bit i of the 16-bit half-word h (1 where allowed), in the integer type as wide
     as `dtype`."""
@@ -200,16 +220,31 @@ def _classify(
 def apply_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
     """Set forbidden tokens to -inf in the rows that have a grammar; other rows untouched.
 
-    Never touches more than it must: a row that allows almost everything (inside a string)
-    gets -inf at its forbidden tokens only; a row that forbids almost everything (a
-    structural position) is filled with -inf and its allowed logits restored; rows with
-    neither short list are masked whole. Allowed logits keep their bits (NaN included);
-    forbidden ones become -inf, whatever they were: bit for bit `torch.where(allowed,
-    logits, -inf)`.
+    Allowed logits keep their bits (NaN included); forbidden ones become -inf, whatever they
+    were: bit for bit `torch.where(allowed, logits, -inf)`. On CPU the compiled kernel does
+    it in one pass over what changes, on torch's intra-op thread count; elsewhere (and on
+    CPU without the compiled kernel) tensor ops do it (see _apply_tensor_ops).
     """
     _check(logits, masks)
     if masks.grammar_rows.numel() == 0:
         return
+    if logits.device.type == "cpu" and _native is not None:
+        _native.apply_rows(
+            logits.view(_BITS_DTYPE[logits.dtype]).numpy(),
+            masks.bitmask.contiguous().numpy(),
+            masks.grammar_rows.to(torch.int64).contiguous().numpy(),
+            _minus_inf_bits(logits.dtype),
+            torch.get_num_threads(),
+        )
+    else:
+        _apply_tensor_ops(logits, masks)
+
+
+def _apply_tensor_ops(logits: torch.Tensor, masks: StepMasks) -> None:
+    """Never touches more than it must: a row that allows almost everything (inside a
+    string) gets -inf at its forbidden tokens only; a row that forbids almost everything (a
+    structural position) is filled with -inf and its allowed logits restored; rows with
+    neither short list are masked whole."""
     rows = masks.grammar_rows.to(logits.device, non_blocking=True)
     vocab = masks.vocab_size
     flat = logits.view(-1)

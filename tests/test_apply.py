@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -33,6 +38,27 @@ def _masks(bitmask: torch.Tensor, grammar_rows: list[int], vocab_size: int) -> g
     )
 
 
+PATHS = ["compiled", "tensor ops"]
+"""apply_bitmask's two ways on CPU: the compiled kernel, and the tensor ops GPUs run
+(which CPU falls back to when the kernel is not built)."""
+
+
+@contextlib.contextmanager
+def _on(path: str) -> Iterator[None]:
+    if path == "compiled":
+        assert kernels._native is not None, "the compiled kernel is not built"
+        yield
+    else:
+        with mock.patch.object(kernels, "_native", None):
+            yield
+
+
+def test_the_compiled_kernel_is_built() -> None:
+    """`pip install` builds it wherever a C compiler is (setup.py); without it, CPU apply
+    falls back to tensor ops, several times slower: CI must notice."""
+    assert kernels._native is not None
+
+
 def _reference(
     logits: torch.Tensor, bitmask: torch.Tensor, grammar_rows: list[int]
 ) -> torch.Tensor:
@@ -45,6 +71,7 @@ def _reference(
     return out
 
 
+@pytest.mark.parametrize("path", PATHS)
 @given(
     rows=st.integers(1, 5),
     vocab=st.integers(1, 200),
@@ -53,7 +80,7 @@ def _reference(
     data=st.data(),
 )
 def test_matches_reference_on_random_masks(
-    rows: int, vocab: int, seed: int, dtype: torch.dtype, data: st.DataObject
+    path: str, rows: int, vocab: int, seed: int, dtype: torch.dtype, data: st.DataObject
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
     words = gm.words_per_row(vocab)
@@ -63,7 +90,8 @@ def test_matches_reference_on_random_masks(
     grammar_rows = sorted(data.draw(st.lists(st.integers(0, rows - 1), unique=True)))
     logits = torch.randn(rows, vocab, generator=generator).to(dtype)
     expected = _reference(logits, bitmask, grammar_rows)
-    gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
+    with _on(path):
+        gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
     assert torch.equal(logits, expected)
 
 
@@ -117,6 +145,7 @@ def _structured_row(kind: str, words: int, generator: torch.Generator) -> torch.
     return row
 
 
+@pytest.mark.parametrize("path", PATHS)
 @given(
     kinds=st.lists(
         st.sampled_from(["all", "none", "most", "few", "random"]), min_size=1, max_size=6
@@ -126,7 +155,7 @@ def _structured_row(kind: str, words: int, generator: torch.Generator) -> torch.
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
 )
 def test_every_kernel_path_matches_reference(
-    kinds: list[str], vocab: int, seed: int, dtype: torch.dtype
+    path: str, kinds: list[str], vocab: int, seed: int, dtype: torch.dtype
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
     words = gm.words_per_row(vocab)
@@ -136,11 +165,13 @@ def test_every_kernel_path_matches_reference(
     grammar_rows = list(range(1, rows + 1))  # row 0 has no grammar
     full_mask = torch.cat([torch.zeros(1, words, dtype=torch.int32), bitmask])
     expected = _reference(logits, full_mask, grammar_rows)
-    gm.apply_bitmask(logits, _masks(full_mask, grammar_rows, vocab))
+    with _on(path):
+        gm.apply_bitmask(logits, _masks(full_mask, grammar_rows, vocab))
     assert torch.equal(logits, expected)
 
 
-def test_rows_in_any_order_and_with_gaps_match_reference() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_rows_in_any_order_and_with_gaps_match_reference(path: str) -> None:
     """The unpacking path works on runs of consecutive rows: grammar rows given out of order,
     with gaps, and more than one chunk of consecutive rows."""
     generator = torch.Generator().manual_seed(7)
@@ -153,7 +184,8 @@ def test_rows_in_any_order_and_with_gaps_match_reference() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         logits = torch.randn(rows, vocab, generator=generator).to(dtype)
         expected = _reference(logits, bitmask, sorted(grammar_rows))
-        gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
+        with _on(path):
+            gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
         assert torch.equal(logits, expected)
 
 
@@ -192,6 +224,7 @@ def _kind_row(kind: str, words: int, vocab: int, generator: torch.Generator) -> 
     return row
 
 
+@pytest.mark.parametrize("path", PATHS)
 @given(
     kinds=st.lists(
         st.sampled_from(["all", "none", "most", "few", "random", "half", "runs", "copy"]),
@@ -204,7 +237,7 @@ def _kind_row(kind: str, words: int, vocab: int, generator: torch.Generator) -> 
     data=st.data(),
 )
 def test_every_path_matches_the_definition_bit_for_bit(
-    kinds: list[str], vocab: int, seed: int, dtype: torch.dtype, data: st.DataObject
+    path: str, kinds: list[str], vocab: int, seed: int, dtype: torch.dtype, data: st.DataObject
 ) -> None:
     """Any mix of rows (duplicates included: "copy" repeats an earlier row), junk bits
     past the vocabulary, NaN/inf/-0.0 logits: allowed logits keep their bits, forbidden
@@ -225,7 +258,8 @@ def test_every_path_matches_the_definition_bit_for_bit(
     for index, value in enumerate(_SPECIALS):
         logits[where & (specials == index)] = value
     expected = _plain(logits, bitmask, grammar_rows)
-    gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
+    with _on(path):
+        gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
     assert torch.equal(_bits(logits), _bits(expected))
 
 
@@ -256,7 +290,8 @@ def test_rows_at_the_path_thresholds_take_each_path_and_match() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         logits = torch.randn(4, vocab, generator=generator).to(dtype)
         expected = _plain(logits, bitmask, [0, 1, 2, 3])
-        gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2, 3], vocab))
+        with _on("tensor ops"):
+            gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2, 3], vocab))
         assert torch.equal(_bits(logits), _bits(expected))
 
 
@@ -271,7 +306,7 @@ def test_rows_sharing_a_hash_but_not_their_words_keep_their_own_masks() -> None:
     vocab = bitmask.shape[1] * 32
     logits = torch.randn(3, vocab)
     expected = _plain(logits, bitmask, [0, 1, 2])
-    with mock.patch.object(kernels, "_classify", _all_whole):
+    with _on("tensor ops"), mock.patch.object(kernels, "_classify", _all_whole):
         gm.apply_bitmask(logits, _masks(bitmask, [0, 1, 2], vocab))
     assert torch.equal(_bits(logits), _bits(expected))
 
@@ -312,3 +347,139 @@ def test_bit_positions_match_a_plain_unpack(
     ):
         found = kernels._positions(bitmask.clone(), rows, vocab)
     assert torch.equal(found.sort().values, expected)
+
+
+def _zero_bits_rows(vocab: int) -> torch.Tensor:
+    """Row k: every word with k zero bits (k = 0..32, spread over the word), so each of the
+    kernel's per-word cases (skip, store at up to 3 zero bits, select, all -inf) and the
+    boundaries between them are hit."""
+    words = gm.words_per_row(vocab)
+    out = torch.empty(33, words, dtype=torch.int32)
+    for zeros in range(33):
+        for word in range(words):
+            value = 0xFFFFFFFF
+            for i in range(zeros):
+                value &= ~(1 << ((word * 7 + 11 * i) % 32))  # 11 is prime to 32: distinct
+            out[zeros, word] = value - (1 << 32) if value >= 1 << 31 else value
+    return out
+
+
+@pytest.mark.parametrize("vocab", [32 * 40, 32 * 40 - 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_each_count_of_zero_bits_per_word_matches_the_definition(
+    vocab: int, dtype: torch.dtype
+) -> None:
+    bitmask = _zero_bits_rows(vocab)
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(bitmask.shape[0], vocab, generator=generator).to(dtype)
+    grammar_rows = list(range(bitmask.shape[0]))
+    expected = _plain(logits, bitmask, grammar_rows)
+    with _on("compiled"):
+        gm.apply_bitmask(logits, _masks(bitmask, grammar_rows, vocab))
+    assert torch.equal(_bits(logits), _bits(expected))
+
+
+@given(
+    rows=st.integers(1, 40),
+    threads=st.integers(1, 9),
+    vocab=st.integers(1, 700),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
+def test_the_compiled_kernel_on_any_thread_count_matches_the_definition(
+    rows: int, threads: int, vocab: int, seed: int, data: st.DataObject
+) -> None:
+    """Rows are handed out to up to `threads` threads: each listed row is masked once,
+    whichever thread takes it, and no other row is touched."""
+    assert kernels._native is not None
+    generator = torch.Generator().manual_seed(seed)
+    words = gm.words_per_row(vocab)
+    kinds = data.draw(
+        st.lists(
+            st.sampled_from(["all", "none", "most", "few", "random"]), min_size=rows, max_size=rows
+        )
+    )
+    bitmask = torch.stack([_kind_row(kind, words, vocab, generator) for kind in kinds])
+    grammar_rows = data.draw(st.lists(st.integers(0, rows - 1), unique=True))
+    logits = torch.randn(rows, vocab, generator=generator)
+    expected = _plain(logits, bitmask, grammar_rows)
+    kernels._native.apply_rows(
+        logits.view(torch.int32).numpy(),
+        bitmask.numpy(),
+        np.array(grammar_rows, dtype=np.int64),
+        kernels._minus_inf_bits(torch.float32),
+        threads,
+    )
+    assert torch.equal(_bits(logits), _bits(expected))
+
+
+def _native_call(**change: object) -> None:
+    """The compiled kernel on a valid 4 x 64 fp32 step, with one argument replaced."""
+    assert kernels._native is not None
+    arguments: dict[str, object] = {
+        "logits": np.zeros((4, 64), dtype=np.int32),
+        "bitmask": np.zeros((4, 2), dtype=np.int32),
+        "rows": np.array([0, 3], dtype=np.int64),
+        "minus_inf": kernels._minus_inf_bits(torch.float32),
+        "threads": 2,
+    }
+    arguments.update(change)
+    kernels._native.apply_rows(*arguments.values())
+
+
+def test_the_compiled_kernel_takes_a_valid_call() -> None:
+    logits = np.ones((4, 64), dtype=np.int32)
+    _native_call(logits=logits)
+    assert (logits[[0, 3]] == kernels._minus_inf_bits(torch.float32) - (1 << 32)).all()
+    assert (logits[[1, 2]] == 1).all()
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"rows": np.array([0, 4], dtype=np.int64)}, IndexError, "row 4 is outside the 4"),
+        ({"rows": np.array([-1], dtype=np.int64)}, IndexError, "row -1 is outside"),
+        ({"rows": np.array([0], dtype=np.int32)}, ValueError, "rows has 4-byte items"),
+        ({"bitmask": np.zeros((4, 3), dtype=np.int32)}, ValueError, r"bitmask \[4, 3\] does"),
+        ({"bitmask": np.zeros((3, 2), dtype=np.int32)}, ValueError, r"bitmask \[3, 2\] does"),
+        ({"logits": np.zeros((4, 64), dtype=np.float64)}, ValueError, "8-byte items"),
+        ({"logits": np.zeros(256, dtype=np.int32)}, ValueError, "logits must be 2-D"),
+        ({"logits": np.zeros((64, 4), dtype=np.int32).T}, ValueError, "not C-contiguous"),
+        ({"logits": b"\0" * 1024}, BufferError, "not writable"),
+    ],
+)
+def test_the_compiled_kernel_refuses_what_does_not_fit_and_writes_nothing(
+    change: dict[str, object], error: type[Exception], message: str
+) -> None:
+    """Its own checks stand behind apply_bitmask's: nothing is written out of bounds, and
+    a refused call leaves the logits as they were."""
+    logits = change.setdefault("logits", np.ones((4, 64), dtype=np.int32))
+    before = bytes(logits) if isinstance(logits, bytes) else np.array(logits, copy=True)
+    with pytest.raises(error, match=message):
+        _native_call(**change)
+    if isinstance(logits, np.ndarray):
+        assert np.array_equal(logits, before)
+
+
+def test_without_the_compiled_kernel_apply_says_so_and_still_masks() -> None:
+    """An install without a C compiler: a warning names the missing kernel, and CPU apply
+    runs the tensor-op path."""
+    script = (
+        "import sys; sys.modules['grammarmask._maskkernel'] = None\n"
+        "import torch, grammarmask as gm\n"
+        "from grammarmask import kernels\n"
+        "assert kernels._native is None\n"
+        "logits = torch.zeros(1, 40)\n"
+        "masks = gm.StepMasks(bitmask=torch.tensor([[5, 0]], dtype=torch.int32),"
+        " has_grammar=torch.ones(1, dtype=torch.bool), grammar_rows=torch.tensor([0]),"
+        " row_to_request=torch.zeros(1, dtype=torch.int32),"
+        " local_step=torch.zeros(1, dtype=torch.int32), is_verify=torch.zeros(1, dtype=torch.bool),"
+        " request_ids=('r',), rows=((0,),), valid_rows=(1,), vocab_size=40, step=1)\n"
+        "gm.apply_bitmask(logits, masks)\n"
+        "print(torch.isfinite(logits[0]).nonzero().flatten().tolist())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "grammarmask._maskkernel is not built" in result.stderr
+    assert result.stdout.strip() == "[0, 2]"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import xgrammar
 
-from ..kernels import apply_bitmask, unpack_rows
+from ..kernels import _apply_tensor_ops, apply_bitmask, unpack_rows
 from ..steps import StepMasks
 from .context import Bench, Outcome
 from .fill import build_pool
@@ -46,8 +46,9 @@ def reference(logits: torch.Tensor, masks: StepMasks) -> torch.Tensor:
 
 
 def variants(masks: StepMasks, logits: torch.Tensor) -> dict[str, Callable[[], object]]:
-    """What masks one step's logits in place: the baseline pass, grammarmask, xgrammar's
-    kernel (CPU, or CUDA/Triton on a GPU), and unpack + masked_fill."""
+    """What masks one step's logits in place: the baseline pass, grammarmask (on CPU also
+    its tensor-op path, for the record), xgrammar's kernel (CPU, or CUDA/Triton on a GPU),
+    and unpack + masked_fill."""
     indices = masks.grammar_rows.tolist()
     no_grammar = ~masks.has_grammar.to(logits.device).unsqueeze(1)
 
@@ -56,9 +57,15 @@ def variants(masks: StepMasks, logits: torch.Tensor) -> dict[str, Callable[[], o
         logits.masked_fill_(forbidden, float("-inf"))
 
     kernel = "cpu" if logits.device.type == "cpu" else "auto"
+    on_cpu = logits.device.type == "cpu"
     return {
         BASELINE: lambda: logits.mul_(1.0),
         "grammarmask apply_bitmask": lambda: apply_bitmask(logits, masks),
+        **(
+            {"grammarmask tensor ops (its GPU path)": (lambda: _apply_tensor_ops(logits, masks))}
+            if on_cpu
+            else {}
+        ),
         f"xgrammar apply_token_bitmask_inplace ({kernel})": lambda: (
             xgrammar.apply_token_bitmask_inplace(
                 logits,
