@@ -226,40 +226,47 @@ def apply_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
     CPU without the compiled kernel) tensor ops do it (see _apply_tensor_ops).
     """
     _check(logits, masks)
-    if masks.grammar_rows.numel() == 0:
+    mask_rows(logits, masks.bitmask, masks.grammar_rows)
+
+
+def mask_rows(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """apply_bitmask's work on tensors the caller has checked (contiguous logits [rows,
+    vocab] in a supported dtype, int32 bitmask [rows, ceil(vocab/32)] on the same device):
+    in each of `rows`, -inf where the mask's bit is 0."""
+    if rows.numel() == 0:
         return
     if logits.device.type == "cpu" and _native is not None:
         _native.apply_rows(
             logits.view(_BITS_DTYPE[logits.dtype]).numpy(),
-            masks.bitmask.contiguous().numpy(),
-            masks.grammar_rows.to(torch.int64).contiguous().numpy(),
+            bitmask.contiguous().numpy(),
+            rows.to(torch.int64).contiguous().numpy(),
             _minus_inf_bits(logits.dtype),
             torch.get_num_threads(),
         )
     else:
-        _apply_tensor_ops(logits, masks)
+        _apply_tensor_ops(logits, bitmask, rows)
 
 
-def _apply_tensor_ops(logits: torch.Tensor, masks: StepMasks) -> None:
+def _apply_tensor_ops(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """Never touches more than it must: a row that allows almost everything (inside a
     string) gets -inf at its forbidden tokens only; a row that forbids almost everything (a
     structural position) is filled with -inf and its allowed logits restored; rows with
     neither short list are masked whole."""
-    rows = masks.grammar_rows.to(logits.device, non_blocking=True)
-    vocab = masks.vocab_size
+    rows = rows.to(logits.device, non_blocking=True)
+    vocab = logits.shape[1]
     flat = logits.view(-1)
-    sparse, dense, whole = _classify(masks.bitmask, rows)
+    sparse, dense, whole = _classify(bitmask, rows)
     if dense.any():
         picked = rows[dense]
-        restore = _positions(masks.bitmask.index_select(0, picked), picked, vocab)
+        restore = _positions(bitmask.index_select(0, picked), picked, vocab)
         kept = flat.index_select(0, restore)
         for start, end in _runs(sorted(picked.tolist())):
             logits[start:end].fill_(float("-inf"))
         flat.index_copy_(0, restore, kept)
     if sparse.any():
         picked = rows[sparse]
-        forbidden = masks.bitmask.index_select(0, picked).bitwise_not_()
+        forbidden = bitmask.index_select(0, picked).bitwise_not_()
         flat.index_fill_(0, _positions(forbidden, picked, vocab), float("-inf"))
     if whole.any():
         picked = rows[whole]
-        _apply_whole(logits, picked, masks.bitmask.index_select(0, picked), vocab)
+        _apply_whole(logits, picked, bitmask.index_select(0, picked), vocab)

@@ -102,3 +102,20 @@ def test_generate_on_the_real_model_with_drafts(
     answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     jsonschema.validate(json.loads(answer), schema)
     assert processor.failures() == [None]
+
+
+def test_processor_masks_a_copy_and_refuses_unsupported_dtypes(
+    smollm2_tokenizer: Any, smollm2: gm.Vocabulary
+) -> None:
+    """The scores passed in stay as they were (generate may still hold them); the returned
+    ones keep every allowed score's value."""
+    processor = GrammarLogitsProcessor(smollm2_tokenizer, [gm.Grammar.json()], vocab=smollm2)
+    scores = torch.randn(1, smollm2.size, generator=torch.Generator().manual_seed(0))
+    before = scores.clone()
+    out = processor(torch.tensor([[7]]), scores)
+    assert torch.equal(scores, before)
+    kept = torch.isfinite(out[0])
+    assert 0 < int(kept.sum()) < smollm2.size
+    assert torch.equal(out[0][kept], before[0][kept])
+    with pytest.raises(ValueError, match=r"scores dtype torch.float64 is not supported"):
+        processor(torch.tensor([[7]]), torch.zeros(1, smollm2.size, dtype=torch.float64))

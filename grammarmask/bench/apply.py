@@ -62,7 +62,11 @@ def variants(masks: StepMasks, logits: torch.Tensor) -> dict[str, Callable[[], o
         BASELINE: lambda: logits.mul_(1.0),
         "grammarmask apply_bitmask": lambda: apply_bitmask(logits, masks),
         **(
-            {"grammarmask tensor ops (its GPU path)": (lambda: _apply_tensor_ops(logits, masks))}
+            {
+                "grammarmask tensor ops (its GPU path)": (
+                    lambda: _apply_tensor_ops(logits, masks.bitmask, masks.grammar_rows)
+                )
+            }
             if on_cpu
             else {}
         ),

@@ -21,7 +21,7 @@ from ..backends import Matcher, words_per_row
 from ..backends.base import fill_stop_only
 from ..compiler import GrammarCompiler
 from ..grammars import Grammar
-from ..kernels import unpack_rows
+from ..kernels import SUPPORTED_DTYPES, mask_rows
 from ..known_vocabs import SMOLLM2_GGUF, smollm2_dir
 from ..vocabulary import Vocabulary
 
@@ -89,6 +89,10 @@ class GrammarLogitsProcessor:
             )
         if self._prompt_length is None:
             self._prompt_length = input_ids.shape[1]
+        if scores.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"scores dtype {scores.dtype} is not supported; use float32, bfloat16 or float16"
+            )
         if scores.shape[1] != self.vocab.size:
             raise ValueError(
                 f"scores width {scores.shape[1]} differs from the vocabulary {self.vocab.size}"
@@ -100,8 +104,9 @@ class GrammarLogitsProcessor:
                 row.matcher.fill(self._mask, index)
             else:
                 fill_stop_only(self._mask, index, self.vocab.stop_token_ids)
-        allowed = unpack_rows(self._mask, self.vocab.size).to(scores.device)
-        return scores.masked_fill(~allowed, float("-inf"))
+        masked = scores.contiguous().clone()
+        mask_rows(masked, self._mask.to(scores.device), torch.arange(batch))
+        return masked
 
     def failures(self) -> list[str | None]:
         """Per row: why its output left the grammar, or None."""
