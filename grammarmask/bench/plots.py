@@ -36,7 +36,7 @@ def _ratio_chart(scenario: str, rows: Sequence[Row], path: Path) -> None:
     ax.set_title(f"grammarmask bench: {scenario}")
     ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -54,7 +54,7 @@ def _timeline_chart(spans: Sequence[tuple[int, str, float, float]], path: Path) 
     ax.set_xlabel("ms since the first fill_async")
     ax.set_title("overlap: masks filled on worker threads while the forward runs")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
