@@ -2,8 +2,8 @@
  *
  * Written in C because the work is per 32-bit mask word: an all-ones word (allowed) is
  * skipped without touching its logits, an all-zero word is a plain store of 32 -inf, and
- * a mixed word writes -inf at its zero bits only. Tensor ops cannot branch per word, so
- * they pass over whole rows several times; this passes once, over what changes.
+ * a mixed word sets -inf where its bits are 0 (see below). Tensor ops cannot branch per
+ * word, so they pass over whole rows several times; this passes once, over what changes.
  * Rows are handed out one at a time to the calling thread and up to threads - 1 helpers,
  * with the GIL released.
  */
