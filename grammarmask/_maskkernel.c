@@ -118,7 +118,7 @@ static int check_buffer(Py_buffer *view, const char *name, int ndim, Py_ssize_t 
 static PyObject *apply_rows(PyObject *self, PyObject *args)
 {
     PyObject *logits_obj, *bitmask_obj, *rows_obj;
-    unsigned long minus_inf;
+    unsigned long minus_inf; /* "k": any int, its low bits kept (so -inf's signed bits do) */
     int threads;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOki", &logits_obj, &bitmask_obj, &rows_obj, &minus_inf,
@@ -157,11 +157,11 @@ static PyObject *apply_rows(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    Py_ssize_t helpers = job.count / MIN_ROWS_PER_THREAD;
-    if (helpers > threads)
-        helpers = threads;
-    helpers = helpers > 1 ? helpers - 1 : 0;
+    Py_ssize_t worth = job.count / MIN_ROWS_PER_THREAD; /* threads, the caller's included */
+    if (worth > threads)
+        worth = threads;
     pthread_t ids[64];
+    Py_ssize_t helpers = worth > 1 ? worth - 1 : 0;
     if (helpers > 64)
         helpers = 64;
     Py_BEGIN_ALLOW_THREADS

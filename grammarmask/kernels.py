@@ -30,6 +30,14 @@ class ApplyError(GrammarMaskError, ValueError):
     """Logits that do not fit the masks: the engine's mistake, raised at once."""
 
 
+def check_dtype(logits: torch.Tensor, name: str) -> None:
+    """Logits in a dtype the kernels mask (`name`: what the caller calls them)."""
+    if logits.dtype not in SUPPORTED_DTYPES:
+        raise ApplyError(
+            f"{name} dtype {logits.dtype} is not supported; use float32, bfloat16 or float16"
+        )
+
+
 def _check(logits: torch.Tensor, masks: StepMasks) -> None:
     if not isinstance(masks, StepMasks):
         raise ApplyError(
@@ -46,10 +54,7 @@ def _check(logits: torch.Tensor, masks: StepMasks) -> None:
         )
     if logits.dim() != 2:
         raise ApplyError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
-    if logits.dtype not in SUPPORTED_DTYPES:
-        raise ApplyError(
-            f"logits dtype {logits.dtype} is not supported; use float32, bfloat16 or float16"
-        )
+    check_dtype(logits, "logits")
     if logits.shape[0] != masks.num_rows:
         raise ApplyError(f"logits have {logits.shape[0]} rows, the step's masks {masks.num_rows}")
     if logits.shape[1] != masks.vocab_size:
@@ -166,9 +171,9 @@ def _duplicates(words: torch.Tensor) -> dict[int, list[int]]:
 
 @functools.lru_cache(maxsize=8)
 def _minus_inf_bits(dtype: torch.dtype) -> int:
-    """The bits of -inf in `dtype`, as an unsigned integer as wide as it."""
-    signed = int(torch.tensor(float("-inf"), dtype=dtype).view(_BITS_DTYPE[dtype]))
-    return signed % (1 << (8 * dtype.itemsize))
+    """The bits of -inf in `dtype`, as a value of the integer type as wide as it (negative:
+    the sign bit is set; the C kernel takes the low bits)."""
+    return int(torch.tensor(float("-inf"), dtype=dtype).view(_BITS_DTYPE[dtype]))
 
 
 @functools.lru_cache(maxsize=8)
@@ -188,7 +193,7 @@ def _apply_whole(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor, 
     * (1 - keep), into reused scratch rows), and consecutive ones take it in one call."""
     table = _keep_table(logits.dtype, logits.device)
     bits = logits.view(table.dtype)
-    minus_inf = int(torch.tensor(float("-inf"), dtype=logits.dtype).view(bits.dtype))
+    minus_inf = _minus_inf_bits(logits.dtype)
     base = torch.tensor(minus_inf, dtype=bits.dtype, device=logits.device)
     halves = words.view(torch.int16).int() & 0xFFFF
     scratch = torch.empty(2, halves.shape[1], 16, device=logits.device, dtype=bits.dtype)

@@ -98,19 +98,22 @@ class StepPlan:
         return slice(rows[0], rows[0] + len(rows)) if self.packed else run_slice(rows)
 
     @functools.cached_property
-    def _flat_rows(self) -> tuple[numpy.ndarray[Any, Any], numpy.ndarray[Any, Any]]:
-        """Every entry's rows in batch order, and the entry each belongs to (found once:
-        both the layout and the grammar rows read them)."""
+    def _flat_rows(
+        self,
+    ) -> tuple[numpy.ndarray[Any, Any], numpy.ndarray[Any, Any], numpy.ndarray[Any, Any]]:
+        """Every entry's rows in batch order, the entry each belongs to, and each entry's
+        row count (found once: both the layout and the grammar rows read them)."""
         lengths = numpy.array([len(rows) for rows in self.rows], dtype=numpy.int64)
         entry = numpy.repeat(numpy.arange(len(self.rows)), lengths)
         if self.packed:
-            return numpy.arange(entry.size), entry
-        return numpy.array([row for rows in self.rows for row in rows], dtype=numpy.int64), entry
+            return numpy.arange(entry.size), entry, lengths
+        flat = numpy.array([row for rows in self.rows for row in rows], dtype=numpy.int64)
+        return flat, entry, lengths
 
     def grammar_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """has_grammar (one bool per row) and the rows of entries with a request id, in
         batch order (int64)."""
-        rows, entry = self._flat_rows
+        rows, entry, _ = self._flat_rows
         named = numpy.array([rid is not None for rid in self.request_ids], dtype=bool)
         picked = rows[named[entry]]
         has_grammar = numpy.zeros(self.num_rows, dtype=bool)
@@ -121,8 +124,7 @@ class StepPlan:
         """row_to_request (-1: no entry), local_step, is_verify; one value per row. Whole-
         array numpy ops: a Python loop over the rows took ~0.15 ms at 384 rows, and torch
         calls cost more than that loop on small steps."""
-        rows, entry = self._flat_rows
-        lengths = numpy.bincount(entry, minlength=len(self.rows))
+        rows, entry, lengths = self._flat_rows
         step = numpy.arange(entry.size) - (numpy.cumsum(lengths) - lengths)[entry]
         row_to_request = numpy.full(self.num_rows, -1, dtype=numpy.int32)
         row_to_request[rows] = entry

@@ -56,8 +56,8 @@ def variants(masks: StepMasks, logits: torch.Tensor) -> dict[str, Callable[[], o
         forbidden = ~unpack_rows(masks.bitmask, masks.vocab_size) & ~no_grammar
         logits.masked_fill_(forbidden, float("-inf"))
 
-    kernel = "cpu" if logits.device.type == "cpu" else "auto"
     on_cpu = logits.device.type == "cpu"
+    kernel = "cpu" if on_cpu else "auto"
     return {
         BASELINE: lambda: logits.mul_(1.0),
         "grammarmask apply_bitmask": lambda: apply_bitmask(logits, masks),

@@ -21,7 +21,7 @@ from ..backends import Matcher, words_per_row
 from ..backends.base import fill_stop_only
 from ..compiler import GrammarCompiler
 from ..grammars import Grammar
-from ..kernels import SUPPORTED_DTYPES, mask_rows
+from ..kernels import check_dtype, mask_rows
 from ..known_vocabs import SMOLLM2_GGUF, smollm2_dir
 from ..vocabulary import Vocabulary
 
@@ -89,10 +89,7 @@ class GrammarLogitsProcessor:
             )
         if self._prompt_length is None:
             self._prompt_length = input_ids.shape[1]
-        if scores.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(
-                f"scores dtype {scores.dtype} is not supported; use float32, bfloat16 or float16"
-            )
+        check_dtype(scores, "scores")
         if scores.shape[1] != self.vocab.size:
             raise ValueError(
                 f"scores width {scores.shape[1]} differs from the vocabulary {self.vocab.size}"
@@ -104,7 +101,7 @@ class GrammarLogitsProcessor:
                 row.matcher.fill(self._mask, index)
             else:
                 fill_stop_only(self._mask, index, self.vocab.stop_token_ids)
-        masked = scores.contiguous().clone()
+        masked = scores.clone(memory_format=torch.contiguous_format)
         mask_rows(masked, self._mask.to(scores.device), torch.arange(batch))
         return masked
 
