@@ -246,29 +246,35 @@ class MatcherTable:
         return rows[:count]
 
     def fill_rows(
-        self, request: _Request, entry: FillEntry, out: torch.Tensor
+        self, request: _Request, entry: FillEntry, target: torch.Tensor, first: int
     ) -> tuple[int, str | None]:
-        """One request's rows into `out` (one row per entry row): (valid rows, reason if it
-        failed now)."""
+        """One request's rows into `target[first : first + len(entry.rows)]`: (valid rows,
+        reason if it failed now). The matcher gets the whole of `target` with its row
+        numbers: a view per request cost more than the rest of a D=0 request's Python."""
+        end = first + len(entry.rows)
         if request.failed:  # checked before the lock: a late fill may hold it
-            out[:] = self.stop_row
+            target[first:end] = self.stop_row
             return 1, None
         with request.lock:
             matcher = None if request.status == "finished" else self._ready_matcher(request)
             if matcher is None:
-                out[:] = self.stop_row
+                target[first:end] = self.stop_row
                 return 1, (request.reason if request.failed else None)
             try:
-                for draft in entry.drafts:
-                    self._check_token(draft, "draft")
-                accepted = matcher.fill_drafts(out, range(len(entry.rows)), entry.drafts)
+                self._check_tokens(entry.drafts, "draft")
+                accepted = matcher.fill_drafts(target, range(first, end), entry.drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
-                out[:] = self.stop_row
+                target[first:end] = self.stop_row
                 return 1, request.reason
-            if accepted + 1 < len(entry.rows):
-                out[accepted + 1 :] = out[accepted]
+            if first + accepted + 1 < end:
+                target[first + accepted + 1 : end] = target[first + accepted]
             return accepted + 1, None
+
+    def _check_tokens(self, token_ids: Sequence[int], kind: str) -> None:
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab.size):
+            for token_id in token_ids:
+                self._check_token(token_id, kind)
 
     def _check_token(self, token_id: int, kind: str) -> None:
         if not 0 <= token_id < self.vocab.size:
@@ -370,10 +376,12 @@ class StepFill:
         executor: Executor,
         threads: int,
         progress: torch.Tensor | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> FillResult:
         """Fill on up to `threads` tasks of `executor` until done or past the deadline; with
         no deadline possible, this thread is one of the tasks (no hand-off when it alone
-        keeps up, as for one request)."""
+        keeps up, as for one request). `meanwhile` runs on this thread once the tasks are
+        started, before it fills or waits."""
         self._host, self._progress, self._condition = host, progress, deadline.condition
         self._direct = deadline.never
         self._executor, self._threads = executor, threads
@@ -381,6 +389,8 @@ class StepFill:
             if deadline.never:
                 self._drains += 1
             self._start_drains()
+        if meanwhile is not None:
+            meanwhile()
         if deadline.never:
             self._drain()
         with self._condition:
@@ -431,10 +441,13 @@ class StepFill:
             # straight into the slot when no deadline can close the step early (nothing
             # can then land late): saves a copy per request
             block = entry.block if self._direct else None
-            direct = block is not None
-            out = self._host[block] if direct else self._table.scratch_rows(len(entry.rows))
-            valid, failure = self._table.fill_rows(request, entry, out)
-            done = (entry, None if direct else out, valid, failure)
+            if block is not None:
+                valid, failure = self._table.fill_rows(request, entry, self._host, block.start)
+                done = (entry, None, valid, failure)
+            else:
+                scratch = self._table.scratch_rows(len(entry.rows))
+                valid, failure = self._table.fill_rows(request, entry, scratch, 0)
+                done = (entry, scratch, valid, failure)
 
     def compiled(self, index: int) -> None:
         """A waiting request's compilation ended, or its compile timeout passed: back in the
@@ -520,5 +533,6 @@ def _fault_reason(exc: BaseException, where: str) -> str:
     return f"matcher error {where}: {type(exc).__name__}: {exc}"
 
 
-StepRun = Callable[[int, torch.Tensor, Deadline], FillResult]
-"""Fills a step's rows into (host slot index, host slot) until done or past the deadline."""
+StepRun = Callable[[int, torch.Tensor, Deadline, Callable[[], object]], FillResult]
+"""Fills a step's rows into (host slot index, host slot) until done or past the deadline;
+the last argument is work for the calling thread while the fill runs elsewhere."""

@@ -24,7 +24,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
@@ -90,11 +90,14 @@ class _ThreadExecutor(MatcherTable):
     def begin(self, entries: Sequence[FillEntry]) -> StepRun:
         step = StepFill(self, entries)
 
-        def run(slot: int, host: torch.Tensor, deadline: Deadline) -> FillResult:
+        def run(
+            slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
+        ) -> FillResult:
             # with no deadline at all, the caller fills a small step alone: waking a fill
             # thread cost more than it saved (B=16 D=0: 2.1 ms on two threads, 1.5 on one)
             alone = deadline.never and step.rows < _SHARED_FROM_ROWS
-            result = step.run(host, deadline, self._executor, 1 if alone else self._threads)
+            threads = 1 if alone else self._threads
+            result = step.run(host, deadline, self._executor, threads, meanwhile=meanwhile)
             if step.abandoned:
                 self._renew()
             return result
@@ -337,21 +340,21 @@ class MatcherPool:
         with self._step_lock:
             started = time.perf_counter()
             slot, host = self._transfer.acquire()
-            result = run(slot, host, deadline)
+            # the row metadata is found while the fill threads (or processes) fill
+            result = run(slot, host, deadline, lambda: plan.metadata)
             bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
             masks = self._masks(plan, bitmask, result)
         return dataclasses.replace(masks, fill_seconds=time.perf_counter() - started), event
 
     def _masks(self, plan: StepPlan, bitmask: torch.Tensor, result: FillResult) -> StepMasks:
-        row_to_request, local_step, is_verify = plan.layout()
-        has_grammar, grammar_rows = plan.grammar_rows()
+        metadata = plan.metadata
         return StepMasks(
             bitmask=bitmask,
-            has_grammar=has_grammar,
-            grammar_rows=grammar_rows,
-            row_to_request=row_to_request,
-            local_step=local_step,
-            is_verify=is_verify,
+            has_grammar=metadata.has_grammar,
+            grammar_rows=metadata.grammar_rows,
+            row_to_request=metadata.row_to_request,
+            local_step=metadata.local_step,
+            is_verify=metadata.is_verify,
             request_ids=plan.request_ids,
             rows=plan.rows,
             valid_rows=tuple(result.valid.get(i, 0) for i in range(len(plan.request_ids))),

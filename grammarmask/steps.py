@@ -12,7 +12,7 @@ import functools
 import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy
 import torch
@@ -52,29 +52,30 @@ class StepPlan:
         *,
         max_drafts: int = DEFAULT_MAX_DRAFTS,
     ) -> StepPlan:
-        drafts = tuple(_draft_ids(index, entry, max_drafts) for index, entry in enumerate(batch))
-        request_ids = tuple(entry[0] for entry in batch)
+        request_ids: list[RequestId | None] = []
+        draft_lists: list[tuple[int, ...]] = []
+        for index, entry in enumerate(batch):
+            request_id, entry_ids = _entry(index, entry, max_drafts)
+            request_ids.append(request_id)
+            draft_lists.append(entry_ids)
         named = [r for r in request_ids if r is not None]
-        for index, request_id in enumerate(request_ids):
-            if not isinstance(request_id, Hashable):
-                raise BatchError(
-                    f"batch entry {index} has request id {request_id!r}, which cannot be an id "
-                    "(not hashable); use the string given to add()"
-                )
         if len(set(named)) != len(named):
             duplicate = next(r for r in named if named.count(r) > 1)
             raise BatchError(f"request {duplicate!r} appears twice in one batch")
         if row_indices is None:
-            rows, start = [], 0
-            for entry_drafts in drafts:
-                rows.append(tuple(range(start, start + len(entry_drafts) + 1)))
-                start += len(entry_drafts) + 1
+            rows: list[tuple[int, ...]] = []
+            start = 0
+            for entry_drafts in draft_lists:
+                end = start + len(entry_drafts) + 1
+                rows.append(tuple(range(start, end)))
+                start = end
             total = start if num_rows is None else num_rows
             if total < start:
                 raise BatchError(
                     f"num_rows={num_rows} is smaller than the {start} rows the batch needs"
                 )
-            return cls(request_ids, drafts, tuple(rows), total, packed=True)
+            return cls(tuple(request_ids), tuple(draft_lists), tuple(rows), total, packed=True)
+        drafts = tuple(draft_lists)
         if len(row_indices) != len(batch):
             raise BatchError(f"{len(row_indices)} row index lists for {len(batch)} batch entries")
         explicit = tuple(tuple(int(i) for i in r) for r in row_indices)
@@ -90,67 +91,105 @@ class StepPlan:
             raise BatchError("two batch entries claim the same logits row")
         if flat and (min(flat) < 0 or max(flat) >= total):
             raise BatchError(f"row indices must lie in [0, {total})")
-        return cls(request_ids, drafts, explicit, total)
+        return cls(tuple(request_ids), drafts, explicit, total)
 
     def block(self, rows: tuple[int, ...]) -> slice | None:
         """One entry's rows as a slice when they are a run (see `run_slice`); in the
         default layout they always are, and nothing needs checking."""
         return slice(rows[0], rows[0] + len(rows)) if self.packed else run_slice(rows)
 
-    @functools.cached_property
     def _flat_rows(
         self,
     ) -> tuple[numpy.ndarray[Any, Any], numpy.ndarray[Any, Any], numpy.ndarray[Any, Any]]:
         """Every entry's rows in batch order, the entry each belongs to, and each entry's
-        row count (found once: both the layout and the grammar rows read them)."""
-        lengths = numpy.array([len(rows) for rows in self.rows], dtype=numpy.int64)
-        entry = numpy.repeat(numpy.arange(len(self.rows)), lengths)
+        row count."""
+        lengths = numpy.fromiter(map(len, self.rows), dtype=numpy.int64, count=len(self.rows))
+        entry = numpy.arange(len(self.rows), dtype=numpy.int32).repeat(lengths)
         if self.packed:
             return numpy.arange(entry.size), entry, lengths
-        flat = numpy.array([row for rows in self.rows for row in rows], dtype=numpy.int64)
+        flat = numpy.fromiter(
+            (row for rows in self.rows for row in rows), dtype=numpy.int64, count=entry.size
+        )
         return flat, entry, lengths
 
-    def grammar_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """has_grammar (one bool per row) and the rows of entries with a request id, in
-        batch order (int64)."""
-        rows, entry, _ = self._flat_rows
+    @functools.cached_property
+    def metadata(self) -> RowMetadata:
+        """The per-row arrays of the step's masks, found once (the fill computes them while
+        its threads fill, so they cost the step nothing but the GIL they hold). Whole-
+        array numpy ops: a Python loop over the rows took ~0.15 ms at 384 rows, and torch
+        calls cost more than that loop on small steps."""
+        rows, entry, lengths = self._flat_rows()
+        # rows 0..num_rows-1 in batch order, no spare row: nothing to scatter
+        dense = self.packed and entry.size == self.num_rows
+        step = (numpy.arange(entry.size) - (lengths.cumsum() - lengths).repeat(lengths)).astype(
+            numpy.int32
+        )
+        verify = step < (lengths - 1).repeat(lengths)
+        per_row = (entry, step, verify)
+        if not dense:
+            per_row = (
+                numpy.full(self.num_rows, -1, dtype=numpy.int32),
+                numpy.zeros(self.num_rows, dtype=numpy.int32),
+                numpy.zeros(self.num_rows, dtype=bool),
+            )
+            for scattered, values in zip(per_row, (entry, step, verify), strict=True):
+                scattered[rows] = values
+        if dense and None not in self.request_ids:
+            has_grammar, grammar_rows = torch.ones(self.num_rows, dtype=torch.bool), rows
+        else:
+            has_grammar, grammar_rows = self._grammar_rows(rows, entry)
+        row_to_request, local_step, is_verify = map(torch.from_numpy, per_row)
+        return RowMetadata(
+            row_to_request, local_step, is_verify, has_grammar, torch.from_numpy(grammar_rows)
+        )
+
+    def _grammar_rows(
+        self, rows: numpy.ndarray[Any, Any], entry: numpy.ndarray[Any, Any]
+    ) -> tuple[torch.Tensor, numpy.ndarray[Any, Any]]:
         named = numpy.array([rid is not None for rid in self.request_ids], dtype=bool)
         picked = rows[named[entry]]
         has_grammar = numpy.zeros(self.num_rows, dtype=bool)
         has_grammar[picked] = True
-        return torch.from_numpy(has_grammar), torch.from_numpy(picked)
-
-    def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """row_to_request (-1: no entry), local_step, is_verify; one value per row. Whole-
-        array numpy ops: a Python loop over the rows took ~0.15 ms at 384 rows, and torch
-        calls cost more than that loop on small steps."""
-        rows, entry, lengths = self._flat_rows
-        step = numpy.arange(entry.size) - (numpy.cumsum(lengths) - lengths)[entry]
-        row_to_request = numpy.full(self.num_rows, -1, dtype=numpy.int32)
-        row_to_request[rows] = entry
-        local_step = numpy.zeros(self.num_rows, dtype=numpy.int32)
-        local_step[rows] = step
-        is_verify = numpy.zeros(self.num_rows, dtype=bool)
-        is_verify[rows] = step < (lengths - 1)[entry]
-        return (
-            torch.from_numpy(row_to_request),
-            torch.from_numpy(local_step),
-            torch.from_numpy(is_verify),
-        )
+        return torch.from_numpy(has_grammar), picked
 
 
-def _draft_ids(index: int, entry: BatchEntry, max_drafts: int) -> tuple[int, ...]:
-    """An entry's drafts as token ids; anything that is not an integer is refused rather
-    than truncated (int(2.7) would silently try token 2)."""
+class RowMetadata(NamedTuple):
+    """One value per logits row of a step (grammar_rows: one per row with a grammar)."""
+
+    row_to_request: torch.Tensor
+    """The batch entry owning the row; -1 for a row no entry owns."""
+    local_step: torch.Tensor
+    """The row's position among its entry's rows (0: after the committed prefix)."""
+    is_verify: torch.Tensor
+    """The row verifies a draft (every row of an entry but its last)."""
+    has_grammar: torch.Tensor
+    grammar_rows: torch.Tensor
+    """The rows of entries with a request id, in batch order (int64)."""
+
+
+def _entry(
+    index: int, entry: BatchEntry, max_drafts: int
+) -> tuple[RequestId | None, tuple[int, ...]]:
+    """An entry's request id and drafts as token ids; anything that is not an integer is
+    refused rather than truncated (int(2.7) would silently try token 2)."""
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
         raise BatchError(f"batch entry {index} must be a (request id, drafts) pair, not {entry!r}")
-    drafts = entry[1]
+    request_id, drafts = entry
+    if (
+        request_id is not None
+        and type(request_id) is not str
+        and not isinstance(request_id, Hashable)
+    ):
+        raise BatchError(
+            f"batch entry {index} has request id {request_id!r}, which cannot be an id "
+            "(not hashable); use the string given to add()"
+        )
     if len(drafts) > max_drafts:
         raise BatchError(
             f"batch entry {index} has {len(drafts)} drafts; the pool is configured for at most "
             f"max_drafts={max_drafts}"
         )
-    return integer_ids(
+    return request_id, integer_ids(
         drafts,
         lambda draft: BatchError(
             f"batch entry {index} has draft {draft!r} ({type(draft).__name__}); "
@@ -162,13 +201,16 @@ def _draft_ids(index: int, entry: BatchEntry, max_drafts: int) -> tuple[int, ...
 def integer_ids(values: Iterable[Any], refusal: Callable[[Any], Exception]) -> tuple[int, ...]:
     """Token ids; a value that is not an integer raises `refusal(value)` rather than being
     truncated (int(2.7) would silently be token 2)."""
-    ids = []
+    try:
+        return tuple(map(operator.index, values))
+    except TypeError:
+        pass
     for value in values:
         try:
-            ids.append(operator.index(value))
+            operator.index(value)
         except TypeError:
             raise refusal(value) from None
-    return tuple(ids)
+    raise refusal(values)
 
 
 @dataclass(frozen=True)
@@ -206,8 +248,6 @@ def run_slice(rows: Sequence[int]) -> slice | None:
     serve them; None otherwise (rows 0, 2, 1, 3 span a block but are not a run)."""
     if not rows:
         return None
-    if isinstance(rows, range):  # the pool's own rows: no list to build
-        return slice(rows.start, rows.stop) if rows.step == 1 else None
     first = rows[0]
     return (
         slice(first, first + len(rows))

@@ -26,7 +26,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
@@ -399,7 +399,9 @@ class ProcessExecutor:
                     held.reported = True
                 else:
                     groups.setdefault(held.worker, []).append(entry)
-        return lambda slot, host, deadline: self._run(slot, host, deadline, groups, local)
+        return lambda slot, host, deadline, meanwhile: self._run(
+            slot, host, deadline, groups, local, meanwhile
+        )
 
     def _run(
         self,
@@ -408,6 +410,7 @@ class ProcessExecutor:
         deadline: Deadline,
         groups: dict[int, list[FillEntry]],
         local: list[tuple[FillEntry, str | None]],
+        meanwhile: Callable[[], object],
     ) -> FillResult:
         result = FillResult()
         for entry, reason in local:
@@ -416,7 +419,7 @@ class ProcessExecutor:
         for index in indices:
             self._slots[index].acquire()
         try:
-            self._fill_on_workers(slot, host, deadline, groups, result)
+            self._fill_on_workers(slot, host, deadline, groups, result, meanwhile)
         finally:
             for index in indices:
                 self._slots[index].release()
@@ -435,10 +438,12 @@ class ProcessExecutor:
         deadline: Deadline,
         groups: dict[int, list[FillEntry]],
         result: FillResult,
+        meanwhile: Callable[[], object],
     ) -> None:
-        """Send each worker its entries, then collect answers (slot locks held): a worker that
-        dies fails its requests; one past the deadline is expired. Its time before it takes
-        the step up (a restart, a replay) does not count against the deadline."""
+        """Send each worker its entries, run `meanwhile`, then collect answers (slot locks
+        held): a worker that dies fails its requests; one past the deadline is expired. Its
+        time before it takes the step up (a restart, a replay) does not count against the
+        deadline."""
         progress = self._ring.progress[slot]
         started = time.monotonic()
         waiting: dict[int, _Worker] = {}
@@ -451,6 +456,7 @@ class ProcessExecutor:
                 continue
             _send(worker, ("fill", slot, entries))
             waiting[index] = worker
+        meanwhile()
         while waiting:
             watched = [w.conn for w in waiting.values()]
             watched += [w.process.sentinel for w in waiting.values()]

@@ -333,14 +333,13 @@ def test_step_row_metadata_matches_a_row_by_row_walk(data: st.DataObject) -> Non
         for position, row in enumerate(rows):
             to_request[row], step[row] = entry, position
             verify[row] = position < len(rows) - 1
-    row_to_request, local_step, is_verify = plan.layout()
-    assert row_to_request.tolist() == to_request
-    assert local_step.tolist() == step
-    assert is_verify.tolist() == verify
+    metadata = plan.metadata
+    assert metadata.row_to_request.tolist() == to_request
+    assert metadata.local_step.tolist() == step
+    assert metadata.is_verify.tolist() == verify
     expected = [row for (rid, _), rows in zip(batch, plan.rows, strict=True) if rid for row in rows]
-    has_grammar, grammar_rows = plan.grammar_rows()
-    assert grammar_rows.tolist() == expected
-    assert has_grammar.tolist() == [row in expected for row in range(num_rows)]
+    assert metadata.grammar_rows.tolist() == expected
+    assert metadata.has_grammar.tolist() == [row in expected for row in range(num_rows)]
 
 
 def test_explicit_row_indices(deepseek: gm.Vocabulary) -> None:

@@ -16,7 +16,6 @@ import xgrammar
 from ..enforcement import XGRAMMAR_SUPPORT, Unenforced, find_unenforced, iter_subschemas
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
-from ..steps import run_slice
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits, words_per_row
 
@@ -46,12 +45,16 @@ class TokenFilter:
     invalid UTF-8. Tokens holding ED A0..BF are removed everywhere; after a token ending in
     ED, tokens starting with A0..BF are removed too (`after_lead`), since the pair can
     straddle two tokens.
+
+    The `banned` tokens are hidden from xgrammar itself (its vocabulary gets them as b"",
+    which it never allows), so its rows come without them and a fill needs no pass over
+    the row; only the rare row after a lead is narrowed here.
     """
 
-    allowed: numpy.ndarray[Any, Any]
-    """Packed words (numpy: a torch call on one row costs more than the AND itself)."""
     banned: frozenset[int]
     after_lead: numpy.ndarray[Any, Any]
+    """Packed words without the continuations (numpy: a torch call on one row costs more
+    than the AND itself)."""
     leads: frozenset[int]
     """Tokens whose last byte is ED."""
     continuations: frozenset[int]
@@ -70,14 +73,11 @@ class TokenFilter:
         continuations = frozenset(
             i for i, token in enumerate(tokens) if token and token[0] in _SURROGATE_SECOND
         )
-        allowed = torch.ones(vocab.size, dtype=torch.bool)
-        allowed[list(banned)] = False
         after_lead = torch.ones(vocab.size, dtype=torch.bool)
         after_lead[list(continuations)] = False
         stop_only = torch.zeros(1, words_per_row(vocab.size), dtype=torch.int32)
         fill_stop_only(stop_only, 0, vocab.stop_token_ids)
         return cls(
-            pack_bits(allowed).numpy(),
             banned,
             pack_bits(after_lead).numpy(),
             frozenset(i for i, token in enumerate(tokens) if token[-1:] == b"\xed"),
@@ -93,6 +93,14 @@ class TokenFilter:
         if whitespace == "flexible":
             controls = bytes(b for b in controls if b not in _JSON_WHITESPACE_CONTROLS)
         return cls.build(vocab, controls)
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    """An xgrammar compiler whose vocabulary hides one filter's banned tokens."""
+
+    token_filter: TokenFilter
+    compiler: Any
 
 
 class XGrammarMatcher(Matcher):
@@ -132,23 +140,21 @@ class XGrammarMatcher(Matcher):
         return True
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        words = bitmask[row].numpy()
         if self._stopped:
-            words[:] = self._filter.stop_only
+            bitmask[row].numpy()[:] = self._filter.stop_only
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        words &= self._filter.allowed
         if self._after_lead():
-            words &= self._filter.after_lead
+            bitmask[row].numpy().__iand__(self._filter.after_lead)
 
     def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
-        """The draft loop, one xgrammar call per token and one filter pass per request: the
-        pool's hot path. (One traverse_draft_tree call per request measured slower here: its
-        rows then need a scan to find the node it rejected.)"""
-        words = bitmask.numpy()
+        """The draft loop, one xgrammar call per token: the pool's hot path. (One
+        traverse_draft_tree call per request measured slower here: its rows then need a scan
+        to find the node it rejected.) The banned tokens never reach a row (see TokenFilter):
+        only a stop row or a row after a lead is written here."""
         token_filter = self._filter
         if self._stopped:
-            words[rows[0]] = token_filter.stop_only
+            bitmask[rows[0]].numpy()[:] = token_filter.stop_only
             return 0
         matcher = self._matcher
         banned, leads, continuations = (
@@ -159,6 +165,7 @@ class XGrammarMatcher(Matcher):
         matcher.fill_next_token_bitmask(bitmask, rows[0])
         after_lead = self._after_lead()
         lead_rows = [rows[0]] if after_lead else []
+        stop_row = None
         accepted = 0
         for draft in drafts:
             if (
@@ -172,16 +179,17 @@ class XGrammarMatcher(Matcher):
             if after_lead:
                 lead_rows.append(rows[accepted])
             if draft in self._stops:
-                words[rows[accepted]] = token_filter.stop_only
+                stop_row = rows[accepted]
             else:
                 matcher.fill_next_token_bitmask(bitmask, rows[accepted])
         if accepted:
             matcher.rollback(accepted)
-        filled = rows[: accepted + 1]
-        block = run_slice(filled)
-        words[block if block is not None else list(filled)] &= token_filter.allowed
-        for row in lead_rows:
-            words[row] &= token_filter.after_lead
+        if stop_row is not None or lead_rows:
+            words = bitmask.numpy()
+            for row in lead_rows:
+                words[row] &= token_filter.after_lead
+            if stop_row is not None:
+                words[stop_row] = token_filter.stop_only
         return accepted
 
     def rollback(self, num_tokens: int) -> None:
@@ -207,28 +215,34 @@ class XGrammarBackend(Backend):
 
     def __init__(self, vocab: Vocabulary, *, compile_threads: int = 2) -> None:
         super().__init__(vocab)
-        info = xgrammar.TokenizerInfo(
-            list(vocab.token_bytes),
-            xgrammar.VocabType.RAW,
-            vocab_size=vocab.size,
-            stop_token_ids=list(vocab.stop_token_ids),
-        )
-        # grammarmask keeps its own bounded cache; xgrammar's would grow without limit.
-        self._compiler = xgrammar.GrammarCompiler(
-            info, max_threads=compile_threads, cache_enabled=False
-        )
-        self._filters: dict[str, TokenFilter] = {}
-        self._filters_lock = threading.Lock()
+        self._compile_threads = compile_threads
+        self._dialects: dict[str, _Dialect] = {}
+        self._dialects_lock = threading.Lock()
 
-    def _token_filter(self, grammar: Grammar) -> TokenFilter:
+    def _dialect(self, grammar: Grammar) -> _Dialect:
+        """The filter and compiler for `grammar`'s kind, built on first use (JSON with either
+        whitespace, or text): each hides other tokens from xgrammar's vocabulary."""
         json_kind = grammar.kind in ("json_schema", "json")
         key = f"json/{grammar.whitespace}" if json_kind else "text"
-        with self._filters_lock:
-            if key not in self._filters:
-                self._filters[key] = TokenFilter.for_grammar(
-                    self.vocab, grammar.kind, grammar.whitespace
+        with self._dialects_lock:
+            if key not in self._dialects:
+                token_filter = TokenFilter.for_grammar(self.vocab, grammar.kind, grammar.whitespace)
+                visible = [
+                    b"" if i in token_filter.banned else token
+                    for i, token in enumerate(self.vocab.token_bytes)
+                ]
+                info = xgrammar.TokenizerInfo(
+                    visible,
+                    xgrammar.VocabType.RAW,
+                    vocab_size=self.vocab.size,
+                    stop_token_ids=list(self.vocab.stop_token_ids),
                 )
-            return self._filters[key]
+                # grammarmask keeps its own bounded cache; xgrammar's would grow without limit
+                compiler = xgrammar.GrammarCompiler(
+                    info, max_threads=self._compile_threads, cache_enabled=False
+                )
+                self._dialects[key] = _Dialect(token_filter, compiler)
+            return self._dialects[key]
 
     def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
         if grammar.kind != "json_schema":
@@ -248,11 +262,12 @@ class XGrammarBackend(Backend):
             )
         return found
 
-    def _compile_raw(self, grammar: Grammar) -> Any:
+    @staticmethod
+    def _compile_raw(grammar: Grammar, compiler: Any) -> Any:
         if grammar.kind in ("json_schema", "json"):
             flexible = grammar.whitespace == "flexible"
             schema = grammar.source if grammar.kind == "json_schema" else "{}"
-            return self._compiler.compile_json_schema(
+            return compiler.compile_json_schema(
                 schema,
                 any_whitespace=flexible,
                 separators=None if flexible else (",", ":"),
@@ -260,21 +275,22 @@ class XGrammarBackend(Backend):
                 max_whitespace_cnt=grammar.max_whitespace if flexible else None,
             )
         if grammar.kind == "regex":
-            return self._compiler.compile_regex(grammar.source)
-        return self._compiler.compile_grammar(grammar.as_ebnf())
+            return compiler.compile_regex(grammar.source)
+        return compiler.compile_grammar(grammar.as_ebnf())
 
     def compile(self, grammar: Grammar) -> CompiledGrammar:
         unenforced = self.unenforced(grammar)
+        dialect = self._dialect(grammar)
         started = time.perf_counter()
         try:
-            compiled = self._compile_raw(grammar)
+            compiled = self._compile_raw(grammar, dialect.compiler)
         except (RuntimeError, ValueError, TypeError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             error = UnsupportedGrammarError if "nsupported" in message else CompileError
             raise error(f"xgrammar cannot compile {grammar.describe()}: {message}") from None
         elapsed = time.perf_counter() - started
         stops = self.vocab.stop_token_ids
-        token_filter = self._token_filter(grammar)
+        token_filter = dialect.token_filter
         return CompiledGrammar(
             self.name,
             grammar,
