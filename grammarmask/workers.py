@@ -449,7 +449,7 @@ class ProcessExecutor:
         waiting: dict[int, _Worker] = {}
         begun: dict[int, float] = {}
         for index, entries in groups.items():
-            progress[[e.index for e in entries]] = 0
+            progress[[e.position for e in entries]] = 0
             worker = self._workers[index]
             if not worker.process.is_alive():
                 self._bury(worker, host, entries, result)
@@ -504,9 +504,9 @@ class ProcessExecutor:
         worker.process.join()
         late: set[RequestId] = set()
         for entry in entries:
-            done = int(progress[entry.index])
+            done = int(progress[entry.position])
             if done > 0:
-                result.valid[entry.index] = done
+                result.valid[entry.position] = done
                 continue
             reason = DEADLINE_REASON
             if done < 0:
@@ -525,7 +525,7 @@ class ProcessExecutor:
         self, host: torch.Tensor, entry: FillEntry, result: FillResult, reason: str | None
     ) -> None:
         host[list(entry.rows)] = self._stop_row
-        result.valid[entry.index] = 1
+        result.valid[entry.position] = 1
         if reason is not None:
             result.failures[entry.request_id] = reason
             with self._lock:
