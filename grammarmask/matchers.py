@@ -31,7 +31,7 @@ from .compiler import GrammarCompiler, wait_compiled
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
-from .steps import RequestId, integer_ids
+from .steps import RequestId, StepPlan, integer_ids
 from .vocabulary import Vocabulary
 
 Status = Literal["active", "finished", "failed"]
@@ -68,6 +68,18 @@ class FillEntry(NamedTuple):
     rows: tuple[int, ...]
     block: slice | None = None
     """`rows` as one slice when they are a run (the default layout), found once per step."""
+
+
+def fill_entries(plan: StepPlan) -> list[FillEntry]:
+    """The step's entries that have a grammar (built where the step is filled: on a 2-core
+    machine, ~0.1 ms at B=64 that fill_async's caller no longer spends)."""
+    return [
+        FillEntry(position, request_id, drafts, rows, plan.block(rows))
+        for position, (request_id, drafts, rows) in enumerate(
+            zip(plan.request_ids, plan.drafts, plan.rows, strict=True)
+        )
+        if request_id is not None
+    ]
 
 
 @dataclass
@@ -346,15 +358,16 @@ class StepFill:
 
     A request whose grammar is still compiling waits aside, holding no thread: it rejoins
     the queue when its compilation ends or its compile timeout passes, so a slow compile
-    never stalls the fill of the others. Built on the caller's thread, so that the step's
-    requests are resolved before any later `remove`. `progress[index]`, when given, is set
+    never stalls the fill of the others. Its `requests` (one per entry) are looked up on the
+    caller's thread, before any later `remove`. `progress[index]`, when given, is set
     once a request's rows are in the slot: its valid rows, or -1 if it failed during this
     step (a parent process reads it after a deadline).
     """
 
-    def __init__(self, table: MatcherTable, entries: Sequence[FillEntry]) -> None:
+    def __init__(
+        self, table: MatcherTable, entries: Sequence[FillEntry], requests: Sequence[_Request]
+    ) -> None:
         self._table = table
-        requests = table.lookup([entry.request_id for entry in entries])
         pairs = zip(requests, entries, strict=True)
         self._entries = {entry.position: (request, entry) for request, entry in pairs}
         self._pending = deque(self._entries)

@@ -37,7 +37,6 @@ from .grammars import Grammar
 from .matchers import (
     BackendFactory,
     Deadline,
-    FillEntry,
     FillResult,
     MatcherTable,
     RequestFault,
@@ -45,6 +44,7 @@ from .matchers import (
     Status,
     StepFill,
     StepRun,
+    fill_entries,
 )
 from .steps import DEFAULT_MAX_DRAFTS, BatchEntry, BatchError, RequestId, StepMasks, StepPlan
 from .transfer import CudaOps, DeviceOps, MaskTransfer
@@ -67,8 +67,9 @@ class _Executor(Protocol):
     def remove(self, request_id: RequestId) -> None: ...
     def state(self, request_id: RequestId) -> RequestState: ...
     def commit(self, request_id: RequestId, tokens: Sequence[int]) -> RequestState: ...
-    def begin(self, entries: Sequence[FillEntry]) -> StepRun:
-        """Route a step's entries on the caller's thread (before any later `remove`)."""
+    def begin(self, plan: StepPlan) -> StepRun:
+        """Resolve a step's requests on the caller's thread (before any later `remove`);
+        the rest happens where the step is filled."""
 
     def close(self) -> None: ...
 
@@ -87,12 +88,13 @@ class _ThreadExecutor(MatcherTable):
         self._threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-fill")
 
-    def begin(self, entries: Sequence[FillEntry]) -> StepRun:
-        step = StepFill(self, entries)
+    def begin(self, plan: StepPlan) -> StepRun:
+        requests = self.lookup([rid for rid in plan.request_ids if rid is not None])
 
         def run(
             slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
         ) -> FillResult:
+            step = StepFill(self, fill_entries(plan), requests)
             # with no deadline at all, the caller fills a small step alone: waking a fill
             # thread cost more than it saved (B=16 D=0: 2.1 ms on two threads, 1.5 on one)
             alone = deadline.never and step.rows < _SHARED_FROM_ROWS
@@ -273,11 +275,11 @@ class MatcherPool:
     ) -> StepMasks:
         """Masks for one step, synchronously (see `fill_async`). Runs on the calling thread
         (with the fill threads), so a small step pays no hand-off between threads."""
-        plan, entries, consumer = self._prepare(batch, row_indices, num_rows)
+        plan, consumer = self._prepare(batch, row_indices, num_rows)
         deadline = Deadline(deadline_s, fixed=True)
-        if not entries:
+        if plan.without_grammar:
             return self._without_grammar(plan)
-        run = self._executor.begin(entries)
+        run = self._executor.begin(plan)
         done = self._run_step(plan, run, deadline, consumer)
         masks: StepMasks = self._transfer.join_then_wait(lambda: done, consumer)
         return masks
@@ -298,13 +300,13 @@ class MatcherPool:
         exceeded"); with process isolation the time counts from when its worker takes the
         step up, so a worker's restart does not eat into it.
         """
-        plan, entries, consumer = self._prepare(batch, row_indices, num_rows)
+        plan, consumer = self._prepare(batch, row_indices, num_rows)
         deadline = Deadline(deadline_s)
-        if not entries:
+        if plan.without_grammar:
             done: Future[tuple[StepMasks, Any]] = Future()
             done.set_result((self._without_grammar(plan), None))
             return MaskFuture(done, self._transfer, consumer, deadline)
-        run = self._executor.begin(entries)
+        run = self._executor.begin(plan)
         work = self._coordinator.submit(self._run_step, plan, run, deadline, consumer)
         return MaskFuture(work, self._transfer, consumer, deadline)
 
@@ -313,7 +315,7 @@ class MatcherPool:
         batch: Sequence[BatchEntry],
         row_indices: Sequence[Sequence[int]] | None,
         num_rows: int | None,
-    ) -> tuple[StepPlan, list[FillEntry], Any]:
+    ) -> tuple[StepPlan, Any]:
         plan = StepPlan.build(batch, row_indices, num_rows, max_drafts=self.max_drafts)
         if plan.num_rows > self._transfer.rows:
             raise BatchError(
@@ -321,14 +323,7 @@ class MatcherPool:
                 f"the pool was built for max_rows={self._transfer.rows}"
             )
         self._step += 1
-        entries = [
-            FillEntry(index, rid, drafts, rows, plan.block(rows))
-            for index, (rid, drafts, rows) in enumerate(
-                zip(plan.request_ids, plan.drafts, plan.rows, strict=True)
-            )
-            if rid is not None
-        ]
-        return plan, entries, self._transfer.consumer_stream()
+        return plan, self._transfer.consumer_stream()
 
     def _without_grammar(self, plan: StepPlan) -> StepMasks:
         return self._masks(plan, self._transfer.device_view(0, plan.num_rows), FillResult())

@@ -54,10 +54,29 @@ class StepPlan:
     ) -> StepPlan:
         request_ids: list[RequestId | None] = []
         draft_lists: list[tuple[int, ...]] = []
+        # one pass, no call per entry on the usual path: fill_async's caller waits for it
         for index, entry in enumerate(batch):
-            request_id, entry_ids = _entry(index, entry, max_drafts)
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise BatchError(
+                    f"batch entry {index} must be a (request id, drafts) pair, not {entry!r}"
+                )
+            request_id, given = entry
+            try:
+                ids = tuple(map(operator.index, given))
+            except TypeError:
+                raise _not_a_draft(index, given) from None
+            if len(ids) > max_drafts:
+                raise BatchError(
+                    f"batch entry {index} has {len(ids)} drafts; the pool is configured for "
+                    f"at most max_drafts={max_drafts}"
+                )
+            if type(request_id) is not str and not isinstance(request_id, Hashable | None):
+                raise BatchError(
+                    f"batch entry {index} has request id {request_id!r}, which cannot be an id "
+                    "(not hashable); use the string given to add()"
+                )
             request_ids.append(request_id)
-            draft_lists.append(entry_ids)
+            draft_lists.append(ids)
         named = [r for r in request_ids if r is not None]
         if len(set(named)) != len(named):
             duplicate = next(r for r in named if named.count(r) > 1)
@@ -92,6 +111,11 @@ class StepPlan:
         if flat and (min(flat) < 0 or max(flat) >= total):
             raise BatchError(f"row indices must lie in [0, {total})")
         return cls(tuple(request_ids), drafts, explicit, total)
+
+    @property
+    def without_grammar(self) -> bool:
+        """No entry has a request id: the step costs (almost) nothing."""
+        return all(request_id is None for request_id in self.request_ids)
 
     def block(self, rows: tuple[int, ...]) -> slice | None:
         """One entry's rows as a slice when they are a run (see `run_slice`); in the
@@ -167,35 +191,32 @@ class RowMetadata(NamedTuple):
     """The rows of entries with a request id, in batch order (int64)."""
 
 
-def _entry(
-    index: int, entry: BatchEntry, max_drafts: int
-) -> tuple[RequestId | None, tuple[int, ...]]:
-    """An entry's request id and drafts as token ids; anything that is not an integer is
-    refused rather than truncated (int(2.7) would silently try token 2)."""
-    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-        raise BatchError(f"batch entry {index} must be a (request id, drafts) pair, not {entry!r}")
-    request_id, drafts = entry
-    if (
-        request_id is not None
-        and type(request_id) is not str
-        and not isinstance(request_id, Hashable)
-    ):
-        raise BatchError(
-            f"batch entry {index} has request id {request_id!r}, which cannot be an id "
-            "(not hashable); use the string given to add()"
+def _not_a_draft(index: int, drafts: Any) -> BatchError:
+    """The refusal of an entry's drafts that are not all integer token ids (int(2.7) would
+    silently try token 2)."""
+    try:
+        values = list(drafts)
+    except TypeError:
+        values = None
+    if values is None or isinstance(drafts, (str, bytes)):
+        return BatchError(
+            f"batch entry {index} has drafts {drafts!r}, not a sequence of integer token ids"
         )
-    if len(drafts) > max_drafts:
-        raise BatchError(
-            f"batch entry {index} has {len(drafts)} drafts; the pool is configured for at most "
-            f"max_drafts={max_drafts}"
-        )
-    return request_id, integer_ids(
-        drafts,
-        lambda draft: BatchError(
-            f"batch entry {index} has draft {draft!r} ({type(draft).__name__}); "
+    try:
+        integer_ids(values, _NotATokenId)
+    except _NotATokenId as exc:
+        value = exc.args[0]
+        return BatchError(
+            f"batch entry {index} has draft {value!r} ({type(value).__name__}); "
             "drafts must be integer token ids"
-        ),
+        )
+    return BatchError(
+        f"batch entry {index} has drafts {drafts!r}, not a sequence of integer token ids"
     )
+
+
+class _NotATokenId(Exception):
+    """A value (args[0]) that is not an integer token id."""
 
 
 def integer_ids(values: Iterable[Any], refusal: Callable[[Any], Exception]) -> tuple[int, ...]:

@@ -49,9 +49,10 @@ from .matchers import (
     RequestState,
     StepFill,
     StepRun,
+    fill_entries,
     token_ids,
 )
-from .steps import RequestId
+from .steps import RequestId, StepPlan
 from .vocabulary import Vocabulary
 
 _FILL_THREADS = 2
@@ -132,7 +133,7 @@ def _worker_main(
         if kind == "fill":
             _, slot, entries = message
             conn.send(("begin",))
-            step = StepFill(table, entries)
+            step = StepFill(table, entries, table.lookup([e.request_id for e in entries]))
             fixed = Deadline(None, fixed=True)  # the parent enforces deadlines: it kills
             conn.send(step.run(host[slot], fixed, threads, _FILL_THREADS, progress[slot]))
         elif kind == "commit":
@@ -382,26 +383,43 @@ class ProcessExecutor:
         return new
 
     # ------------------------------------------------------------------ the step
-    def begin(self, entries: Sequence[FillEntry]) -> StepRun:
-        groups: dict[int, list[FillEntry]] = {}
-        local: list[tuple[FillEntry, str | None]] = []
+    def begin(self, plan: StepPlan) -> StepRun:
+        """Route the step's requests to their workers now (before any later `remove`); the
+        entries are built on the thread that runs the step."""
+        routes: dict[int, int] = {}
+        """Batch position -> the worker holding it, or -1: failed (see `reasons`)."""
+        reasons: dict[int, str | None] = {}
+        """Batch position -> the failure to report (None: reported before)."""
         with self._lock:
             self._steps_in_flight += 1
-            for entry in entries:
-                held = self._held.get(entry.request_id)
+            for position, request_id in enumerate(plan.request_ids):
+                if request_id is None:
+                    continue
+                held = self._held.get(request_id)
                 if held is None:
-                    reason = (
-                        f"unknown request id {entry.request_id!r}: add() it before its first step"
-                    )
-                    held = _Held(entry.request_id, None, "", -1, failed=reason)  # not kept
+                    reason = f"unknown request id {request_id!r}: add() it before its first step"
+                    held = _Held(request_id, None, "", -1, failed=reason)  # not kept
                 if held.failed is not None:
-                    local.append((entry, None if held.reported else held.failed))
+                    routes[position] = -1
+                    reasons[position] = None if held.reported else held.failed
                     held.reported = True
                 else:
-                    groups.setdefault(held.worker, []).append(entry)
-        return lambda slot, host, deadline, meanwhile: self._run(
-            slot, host, deadline, groups, local, meanwhile
-        )
+                    routes[position] = held.worker
+
+        def run(
+            slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
+        ) -> FillResult:
+            groups: dict[int, list[FillEntry]] = {}
+            local: list[tuple[FillEntry, str | None]] = []
+            for entry in fill_entries(plan):
+                worker = routes[entry.position]
+                if worker < 0:
+                    local.append((entry, reasons[entry.position]))
+                else:
+                    groups.setdefault(worker, []).append(entry)
+            return self._run(slot, host, deadline, groups, local, meanwhile)
+
+        return run
 
     def _run(
         self,
