@@ -20,7 +20,6 @@ the rows in both, behind the small `_Executor` interface below.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -275,12 +274,12 @@ class MatcherPool:
     ) -> StepMasks:
         """Masks for one step, synchronously (see `fill_async`). Runs on the calling thread
         (with the fill threads), so a small step pays no hand-off between threads."""
-        plan, consumer = self._prepare(batch, row_indices, num_rows)
+        plan, step, consumer = self._prepare(batch, row_indices, num_rows)
         deadline = Deadline(deadline_s, fixed=True)
         if plan.without_grammar:
-            return self._without_grammar(plan)
+            return self._without_grammar(plan, step)
         run = self._executor.begin(plan)
-        done = self._run_step(plan, run, deadline, consumer)
+        done = self._run_step(plan, step, run, deadline, consumer)
         masks: StepMasks = self._transfer.join_then_wait(lambda: done, consumer)
         return masks
 
@@ -300,14 +299,14 @@ class MatcherPool:
         exceeded"); with process isolation the time counts from when its worker takes the
         step up, so a worker's restart does not eat into it.
         """
-        plan, consumer = self._prepare(batch, row_indices, num_rows)
+        plan, step, consumer = self._prepare(batch, row_indices, num_rows)
         deadline = Deadline(deadline_s)
         if plan.without_grammar:
             done: Future[tuple[StepMasks, Any]] = Future()
-            done.set_result((self._without_grammar(plan), None))
+            done.set_result((self._without_grammar(plan, step), None))
             return MaskFuture(done, self._transfer, consumer, deadline)
         run = self._executor.begin(plan)
-        work = self._coordinator.submit(self._run_step, plan, run, deadline, consumer)
+        work = self._coordinator.submit(self._run_step, plan, step, run, deadline, consumer)
         return MaskFuture(work, self._transfer, consumer, deadline)
 
     def _prepare(
@@ -315,7 +314,9 @@ class MatcherPool:
         batch: Sequence[BatchEntry],
         row_indices: Sequence[Sequence[int]] | None,
         num_rows: int | None,
-    ) -> tuple[StepPlan, Any]:
+    ) -> tuple[StepPlan, int, Any]:
+        """The step's plan and number (taken now: the next step may start before this one
+        is built), and the consumer stream."""
         plan = StepPlan.build(batch, row_indices, num_rows, max_drafts=self.max_drafts)
         if plan.num_rows > self._transfer.rows:
             raise BatchError(
@@ -323,13 +324,14 @@ class MatcherPool:
                 f"the pool was built for max_rows={self._transfer.rows}"
             )
         self._step += 1
-        return plan, self._transfer.consumer_stream()
+        return plan, self._step, self._transfer.consumer_stream()
 
-    def _without_grammar(self, plan: StepPlan) -> StepMasks:
-        return self._masks(plan, self._transfer.device_view(0, plan.num_rows), FillResult())
+    def _without_grammar(self, plan: StepPlan, step: int) -> StepMasks:
+        bitmask = self._transfer.device_view(0, plan.num_rows)
+        return self._masks(plan, step, bitmask, FillResult(), 0.0)
 
     def _run_step(
-        self, plan: StepPlan, run: StepRun, deadline: Deadline, consumer: Any
+        self, plan: StepPlan, step: int, run: StepRun, deadline: Deadline, consumer: Any
     ) -> tuple[StepMasks, Any]:
         """One step at a time (the step thread's and synchronous fills take turns)."""
         with self._step_lock:
@@ -338,10 +340,17 @@ class MatcherPool:
             # the row metadata is found while the fill threads (or processes) fill
             result = run(slot, host, deadline, lambda: plan.metadata)
             bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
-            masks = self._masks(plan, bitmask, result)
-        return dataclasses.replace(masks, fill_seconds=time.perf_counter() - started), event
+            seconds = time.perf_counter() - started
+            return self._masks(plan, step, bitmask, result, seconds), event
 
-    def _masks(self, plan: StepPlan, bitmask: torch.Tensor, result: FillResult) -> StepMasks:
+    def _masks(
+        self,
+        plan: StepPlan,
+        step: int,
+        bitmask: torch.Tensor,
+        result: FillResult,
+        fill_seconds: float,
+    ) -> StepMasks:
         metadata = plan.metadata
         return StepMasks(
             bitmask=bitmask,
@@ -354,8 +363,9 @@ class MatcherPool:
             rows=plan.rows,
             valid_rows=tuple(result.valid.get(i, 0) for i in range(len(plan.request_ids))),
             vocab_size=self.vocab.size,
-            step=self._step,
+            step=step,
             failures=result.failures,
+            fill_seconds=fill_seconds,
         )
 
     # ------------------------------------------------------------------ commit

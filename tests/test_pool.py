@@ -283,6 +283,20 @@ def test_a_batch_without_grammar_does_nothing(deepseek: gm.Vocabulary) -> None:
     assert torch.equal(logits, before)
 
 
+def test_steps_in_flight_keep_their_own_numbers(
+    deepseek: gm.Vocabulary, compiler: gm.GrammarCompiler
+) -> None:
+    """An engine may start step N+1 before waiting for step N: each StepMasks names its own
+    step, however late its coordinator thread builds it."""
+    with gm.MatcherPool(deepseek, workers=1, compiler=compiler) as pool:
+        for index in range(8):
+            pool.add(f"r{index}", gm.Grammar.json())
+        batch = [(f"r{index}", []) for index in range(8)]
+        first = pool.fill(batch).step
+        futures = [pool.fill_async(batch) for _ in range(4)]
+        assert [future.wait().step for future in futures] == [first + 1 + i for i in range(4)]
+
+
 def test_lifecycle_states(
     deepseek: gm.Vocabulary, deepseek_encode: Callable[[str], list[int]]
 ) -> None:
