@@ -31,7 +31,7 @@ from .compiler import GrammarCompiler, wait_compiled
 from .enforcement import Unenforced
 from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
-from .steps import RequestId, StepPlan, integer_ids
+from .steps import RequestId, StepPlan, integer_ids, listed
 from .vocabulary import Vocabulary
 
 Status = Literal["active", "finished", "failed"]
@@ -530,10 +530,7 @@ def token_ids(tokens: Sequence[int]) -> tuple[int, ...]:
     """Committed tokens as ids, from any sequence of integers (a list, a sampler's 1-D
     tensor or array); anything that is not an integer fails the request rather than being
     truncated (int(2.7) would silently commit token 2)."""
-    try:
-        values = None if isinstance(tokens, (str, bytes)) else list(tokens)
-    except TypeError:  # not iterable, or a 0-d tensor
-        values = None
+    values = listed(tokens)
     if values is None:
         raise RequestFault(
             f"committed tokens must be a sequence of integer token ids, not {tokens!r}"

@@ -12,7 +12,7 @@ import functools
 import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy
 import torch
@@ -64,7 +64,7 @@ class StepPlan:
             try:
                 ids = tuple(map(operator.index, given))
             except TypeError:
-                raise _not_a_draft(index, given) from None
+                _refuse_drafts(index, given)
             if len(ids) > max_drafts:
                 raise BatchError(
                     f"batch entry {index} has {len(ids)} drafts; the pool is configured for "
@@ -191,32 +191,32 @@ class RowMetadata(NamedTuple):
     """The rows of entries with a request id, in batch order (int64)."""
 
 
-def _not_a_draft(index: int, drafts: Any) -> BatchError:
-    """The refusal of an entry's drafts that are not all integer token ids (int(2.7) would
-    silently try token 2)."""
-    try:
-        values = list(drafts)
-    except TypeError:
-        values = None
-    if values is None or isinstance(drafts, (str, bytes)):
-        return BatchError(
-            f"batch entry {index} has drafts {drafts!r}, not a sequence of integer token ids"
+def _refuse_drafts(index: int, drafts: Any) -> NoReturn:
+    """Raise the BatchError naming why an entry's drafts are not integer token ids (int(2.7)
+    would silently try token 2)."""
+    values = listed(drafts)
+    if values is not None:  # raises at the first draft that is not an integer
+        integer_ids(
+            values,
+            lambda draft: BatchError(
+                f"batch entry {index} has draft {draft!r} ({type(draft).__name__}); "
+                "drafts must be integer token ids"
+            ),
         )
-    try:
-        integer_ids(values, _NotATokenId)
-    except _NotATokenId as exc:
-        value = exc.args[0]
-        return BatchError(
-            f"batch entry {index} has draft {value!r} ({type(value).__name__}); "
-            "drafts must be integer token ids"
-        )
-    return BatchError(
+    raise BatchError(
         f"batch entry {index} has drafts {drafts!r}, not a sequence of integer token ids"
     )
 
 
-class _NotATokenId(Exception):
-    """A value (args[0]) that is not an integer token id."""
+def listed(values: Any) -> list[Any] | None:
+    """`values` as a list, or None when they are not a sequence of values (text, a scalar,
+    a 0-d tensor)."""
+    if isinstance(values, (str, bytes)):
+        return None
+    try:
+        return list(values)
+    except TypeError:
+        return None
 
 
 def integer_ids(values: Iterable[Any], refusal: Callable[[Any], Exception]) -> tuple[int, ...]:

@@ -386,9 +386,9 @@ class ProcessExecutor:
     def begin(self, plan: StepPlan) -> StepRun:
         """Route the step's requests to their workers now (before any later `remove`); the
         entries are built on the thread that runs the step."""
-        routes: dict[int, int] = {}
-        """Batch position -> the worker holding it, or -1: failed (see `reasons`)."""
-        reasons: dict[int, str | None] = {}
+        workers: dict[int, int] = {}
+        """Batch position -> the worker holding its request."""
+        failed: dict[int, str | None] = {}
         """Batch position -> the failure to report (None: reported before)."""
         with self._lock:
             self._steps_in_flight += 1
@@ -400,11 +400,10 @@ class ProcessExecutor:
                     reason = f"unknown request id {request_id!r}: add() it before its first step"
                     held = _Held(request_id, None, "", -1, failed=reason)  # not kept
                 if held.failed is not None:
-                    routes[position] = -1
-                    reasons[position] = None if held.reported else held.failed
+                    failed[position] = None if held.reported else held.failed
                     held.reported = True
                 else:
-                    routes[position] = held.worker
+                    workers[position] = held.worker
 
         def run(
             slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
@@ -412,11 +411,10 @@ class ProcessExecutor:
             groups: dict[int, list[FillEntry]] = {}
             local: list[tuple[FillEntry, str | None]] = []
             for entry in fill_entries(plan):
-                worker = routes[entry.position]
-                if worker < 0:
-                    local.append((entry, reasons[entry.position]))
+                if entry.position in failed:
+                    local.append((entry, failed[entry.position]))
                 else:
-                    groups.setdefault(worker, []).append(entry)
+                    groups.setdefault(workers[entry.position], []).append(entry)
             return self._run(slot, host, deadline, groups, local, meanwhile)
 
         return run

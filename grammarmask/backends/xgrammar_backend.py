@@ -145,7 +145,8 @@ class XGrammarMatcher(Matcher):
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
         if self._after_lead():
-            bitmask[row].numpy().__iand__(self._filter.after_lead)
+            words = bitmask[row].numpy()
+            words &= self._filter.after_lead
 
     def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
         """The draft loop, one xgrammar call per token: the pool's hot path. (One
