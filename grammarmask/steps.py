@@ -122,59 +122,73 @@ class StepPlan:
         default layout they always are, and nothing needs checking."""
         return slice(rows[0], rows[0] + len(rows)) if self.packed else run_slice(rows)
 
-    def _flat_rows(
-        self,
-    ) -> tuple[numpy.ndarray[Any, Any], numpy.ndarray[Any, Any], numpy.ndarray[Any, Any]]:
-        """Every entry's rows in batch order, the entry each belongs to, and each entry's
-        row count."""
-        lengths = numpy.fromiter(map(len, self.rows), dtype=numpy.int64, count=len(self.rows))
-        entry = numpy.arange(len(self.rows), dtype=numpy.int32).repeat(lengths)
-        if self.packed:
-            return numpy.arange(entry.size), entry, lengths
-        flat = numpy.fromiter(
-            (row for rows in self.rows for row in rows), dtype=numpy.int64, count=entry.size
-        )
-        return flat, entry, lengths
-
     @functools.cached_property
     def metadata(self) -> RowMetadata:
-        """The per-row arrays of the step's masks, found once (the fill computes them while
-        its threads fill, so they cost the step nothing but the GIL they hold). Whole-
-        array numpy ops: a Python loop over the rows took ~0.15 ms at 384 rows, and torch
-        calls cost more than that loop on small steps."""
-        rows, entry, lengths = self._flat_rows()
-        # rows 0..num_rows-1 in batch order, no spare row: nothing to scatter
-        dense = self.packed and entry.size == self.num_rows
-        step = (numpy.arange(entry.size) - (lengths.cumsum() - lengths).repeat(lengths)).astype(
-            numpy.int32
+        """The per-row arrays of the step's masks. Steps of one layout share them (an
+        engine repeats its layouts step after step): finding them cost 12-17 us of numpy
+        per step, a cache hit costs the key."""
+        unnamed = (
+            tuple(i for i, rid in enumerate(self.request_ids) if rid is None)
+            if None in self.request_ids
+            else ()
         )
-        verify = step < (lengths - 1).repeat(lengths)
-        per_row = (entry, step, verify)
-        if not dense:
-            per_row = (
-                numpy.full(self.num_rows, -1, dtype=numpy.int32),
-                numpy.zeros(self.num_rows, dtype=numpy.int32),
-                numpy.zeros(self.num_rows, dtype=bool),
-            )
-            for scattered, values in zip(per_row, (entry, step, verify), strict=True):
-                scattered[rows] = values
-        if dense and None not in self.request_ids:
-            has_grammar, grammar_rows = torch.ones(self.num_rows, dtype=torch.bool), rows
-        else:
-            has_grammar, grammar_rows = self._grammar_rows(rows, entry)
-        row_to_request, local_step, is_verify = map(torch.from_numpy, per_row)
-        return RowMetadata(
-            row_to_request, local_step, is_verify, has_grammar, torch.from_numpy(grammar_rows)
-        )
+        counts = tuple(map(len, self.rows))
+        return _row_metadata(counts, None if self.packed else self.rows, self.num_rows, unnamed)
 
-    def _grammar_rows(
-        self, rows: numpy.ndarray[Any, Any], entry: numpy.ndarray[Any, Any]
-    ) -> tuple[torch.Tensor, numpy.ndarray[Any, Any]]:
-        named = numpy.array([rid is not None for rid in self.request_ids], dtype=bool)
-        picked = rows[named[entry]]
-        has_grammar = numpy.zeros(self.num_rows, dtype=bool)
-        has_grammar[picked] = True
-        return torch.from_numpy(has_grammar), picked
+
+_LAYOUTS_KEPT = 256
+"""Distinct step layouts whose row metadata is kept (a few hundred bytes each)."""
+
+
+@functools.lru_cache(maxsize=_LAYOUTS_KEPT)
+def _row_metadata(
+    counts: tuple[int, ...],
+    explicit: tuple[tuple[int, ...], ...] | None,
+    num_rows: int,
+    unnamed: tuple[int, ...],
+) -> RowMetadata:
+    """Row metadata of a layout: each entry's row count, its rows when given explicitly
+    (None: in batch order from row 0), and the entries without a grammar. Whole-array
+    numpy ops: a Python loop over the rows took ~0.15 ms at 384 rows, and torch calls
+    cost more than that loop on small steps."""
+    lengths = numpy.array(counts, dtype=numpy.int64)
+    entry = numpy.arange(len(counts), dtype=numpy.int32).repeat(lengths)
+    if explicit is None:
+        rows = numpy.arange(entry.size)
+    else:
+        rows = numpy.fromiter(
+            (row for entry_rows in explicit for row in entry_rows),
+            dtype=numpy.int64,
+            count=entry.size,
+        )
+    # rows 0..num_rows-1 in batch order, no spare row: nothing to scatter
+    dense = explicit is None and entry.size == num_rows
+    step = (numpy.arange(entry.size) - (lengths.cumsum() - lengths).repeat(lengths)).astype(
+        numpy.int32
+    )
+    verify = step < (lengths - 1).repeat(lengths)
+    per_row = (entry, step, verify)
+    if not dense:
+        per_row = (
+            numpy.full(num_rows, -1, dtype=numpy.int32),
+            numpy.zeros(num_rows, dtype=numpy.int32),
+            numpy.zeros(num_rows, dtype=bool),
+        )
+        for scattered, values in zip(per_row, (entry, step, verify), strict=True):
+            scattered[rows] = values
+    if dense and not unnamed:
+        has_grammar, grammar_rows = torch.ones(num_rows, dtype=torch.bool), rows
+    else:
+        named = numpy.ones(len(counts), dtype=bool)
+        named[list(unnamed)] = False
+        grammar_rows = rows[named[entry]]
+        grammar_mask = numpy.zeros(num_rows, dtype=bool)
+        grammar_mask[grammar_rows] = True
+        has_grammar = torch.from_numpy(grammar_mask)
+    row_to_request, local_step, is_verify = map(torch.from_numpy, per_row)
+    return RowMetadata(
+        row_to_request, local_step, is_verify, has_grammar, torch.from_numpy(grammar_rows)
+    )
 
 
 class RowMetadata(NamedTuple):
@@ -241,7 +255,8 @@ class StepMasks:
     `bitmask` (on the pool's device) rows are meaningful where `has_grammar` is True; rows of
     a request past its `valid_rows` are "don't care" (after the first forbidden draft) but
     never all zero. The row metadata tensors stay on the host: the coordinator thread never
-    issues device work besides the side-stream copy.
+    issues device work besides the side-stream copy. Steps with the same layout share them:
+    read them, never write into them.
     """
 
     bitmask: torch.Tensor
