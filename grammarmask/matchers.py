@@ -4,10 +4,13 @@ The pool runs this in its own process (thread isolation) and every worker proces
 too (process isolation): the same code decides every row and every failure reason in both
 modes, which is what keeps their masks bit-identical.
 
-A step with a deadline has its rows filled into a scratch buffer of the fill thread and
-copied into the step's host slot only while the step still waits for them: a fill that
-comes back after the deadline is dropped, never written into a slot that a later step owns.
-A step that no deadline can close early is filled straight into its slot.
+Matchers write a request's rows straight into the step's host slot. A step closed at its
+deadline moves its rows to a copy of the slot (`FillResult.host`), which takes the slot's
+place in the ring: a fill that comes back late writes into the old buffer, which nobody
+reads any more, never into the masks of this step or of a later one. (Filling into scratch
+rows and copying them in under the step's lock, as before, cost a copy per request and
+made the two fill threads of a fill_async step wait on each other: B=64 D=5 took 1.3x
+the synchronous fill.)
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class FillResult:
 
     valid: dict[int, int] = field(default_factory=dict)
     failures: dict[RequestId, str] = field(default_factory=dict)
+    host: torch.Tensor | None = None
+    """The step's rows in a new buffer, when the step closed while fills were still running
+    (they may yet write into the old one): it replaces the host slot."""
 
 
 class Deadline:
@@ -267,18 +273,22 @@ class MatcherTable:
         """One request's rows into `target[first : first + len(entry.rows)]`: (valid rows,
         reason if it failed now). The matcher gets the whole of `target` with its row
         numbers: a view per request cost more than the rest of a D=0 request's Python."""
-        end = first + len(entry.rows)
-        if request.failed:  # checked before the lock: a late fill may hold it
+        drafts = entry.drafts
+        end = first + len(drafts) + 1
+        if request.status == "failed":  # checked before the lock: a late fill may hold it
             target[first:end] = self.stop_row
             return 1, None
         with request.lock:
-            matcher = None if request.status == "finished" else self._ready_matcher(request)
+            matcher = request.matcher
+            if matcher is None or request.status != "active":  # else ready: the usual case
+                matcher = None if request.status == "finished" else self._ready_matcher(request)
             if matcher is None:
                 target[first:end] = self.stop_row
                 return 1, (request.reason if request.failed else None)
             try:
-                self._check_tokens(entry.drafts, "draft")
-                accepted = matcher.fill_drafts(target, range(first, end), entry.drafts)
+                if drafts:
+                    self._check_tokens(drafts, "draft")
+                accepted = matcher.fill_drafts(target, range(first, end), drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
                 request.fail(_fault_reason(exc, "while filling the step's masks"))
                 target[first:end] = self.stop_row
@@ -368,25 +378,32 @@ class StepFill:
         self, table: MatcherTable, entries: Sequence[FillEntry], requests: Sequence[_Request]
     ) -> None:
         self._table = table
-        pairs = zip(requests, entries, strict=True)
-        self._entries = {entry.position: (request, entry) for request, entry in pairs}
-        self._pending = deque(self._entries)
+        self._pairs = list(zip(requests, entries, strict=True))
+        self._entries: dict[int, tuple[_Request, FillEntry]] = {}
+        """Batch position -> its request and entry (built when threads share the step)."""
+        self._pending: deque[int] = deque()
         self._compiling: dict[int, float] = {}
         """Requests waiting for their compilation: batch position -> compile deadline."""
         self._left = len(entries)
-        self.rows = sum(len(entry.rows) for entry in entries)
         self._drains = 0
         self._in_flight = 0
         self._closed = False
-        self._host = torch.empty(0, dtype=torch.int32)
-        self._direct = False
+        # set by run(); placeholders until then (a tensor and a condition apiece cost ~1.5 us)
+        self._host = _NO_HOST
+        self._condition = _NO_CONDITION
         self._progress: torch.Tensor | None = None
-        self._condition = threading.Condition()
         self._executor: Executor | None = None
         self._threads = 0
         self.result = FillResult()
         self.abandoned = 0
         """Threads still inside a matcher call when the step went on without them."""
+        self.cpu_seconds = 0.0
+        """CPU time the fill threads spent on this step (time waiting for the GIL or a
+        compilation not counted): what it would take one thread."""
+
+    @property
+    def requests(self) -> int:
+        return len(self._pairs)
 
     def run(
         self,
@@ -396,14 +413,30 @@ class StepFill:
         threads: int,
         progress: torch.Tensor | None = None,
         meanwhile: Callable[[], object] | None = None,
+        *,
+        alone_s: float | None = None,
     ) -> FillResult:
         """Fill on up to `threads` tasks of `executor` until done or past the deadline; with
         no deadline possible, this thread is one of the tasks (no hand-off when it alone
         keeps up, as for one request). `meanwhile` runs on this thread once the tasks are
-        started, before it fills or waits."""
+        started, before it fills or waits.
+
+        `alone_s` (a step expected to be cheap): one thread fills, the caller's when no
+        deadline can come; otherwise the other threads join if the step is not done
+        `alone_s` seconds after it started, so that a hanging matcher or a costlier step
+        than expected does not hold the others up.
+        """
         self._host, self._progress, self._condition = host, progress, deadline.condition
-        self._direct = deadline.never
-        self._executor, self._threads = executor, threads
+        if deadline.never and (threads == 1 or alone_s is not None):
+            if meanwhile is not None:
+                meanwhile()
+            self._fill_alone()
+            self._closed = True
+            return self.result
+        widen_at = None if alone_s is None else time.monotonic() + alone_s
+        self._entries = {entry.position: (request, entry) for request, entry in self._pairs}
+        self._pending.extend(self._entries)
+        self._executor, self._threads = executor, threads if widen_at is None else 1
         with self._condition:
             if deadline.never:
                 self._drains += 1
@@ -416,13 +449,33 @@ class StepFill:
             while self._left:
                 now = time.monotonic()
                 self._requeue_compiles(now)
+                if widen_at is not None and now >= widen_at:
+                    widen_at, self._threads = None, threads
+                    self._start_drains()
                 remaining = deadline.remaining()
                 if remaining is not None and remaining <= 0:
                     self._close_late()
                     break
-                self._condition.wait(self._next_wake(remaining, now))
+                widen_in = None if widen_at is None else widen_at - now
+                self._condition.wait(self._next_wake(now, remaining, widen_in))
             self._closed = True
         return self.result
+
+    def _fill_alone(self) -> None:
+        """This thread fills every request, in batch order, no other thread taking part:
+        no lock round per request. Requests whose grammar still compiles come last, so the
+        others do not wait for them (each then waits up to its compile timeout)."""
+        started = time.thread_time()
+        compiling = self._table.compiling
+        later = []
+        for request, entry in self._pairs:
+            if request.matcher is None and compiling(request) is not None:
+                later.append((request, entry))
+            else:
+                self._publish(*self._fill(request, entry))
+        for request, entry in later:
+            self._publish(*self._fill(request, entry))
+        self.cpu_seconds = time.thread_time() - started
 
     def _start_drains(self) -> None:
         """Enough tasks for the queue, at most `threads` (condition held)."""
@@ -434,6 +487,7 @@ class StepFill:
     def _drain(self) -> None:
         """Fill requests until none is left; one lock round per request (publish the last
         one's rows, take the next), and the waiting thread is woken only at the end."""
+        started = time.thread_time()
         done: tuple[FillEntry, torch.Tensor | None, int, str | None] | None = None
         while True:
             with self._condition:
@@ -441,9 +495,12 @@ class StepFill:
                     self._in_flight -= 1
                     if not self._closed:  # else late: the step went on without it
                         self._publish(*done)
+                        if not self._left:
+                            self._condition.notify_all()
                     done = None
                 if self._closed or not self._pending:
                     self._drains -= 1
+                    self.cpu_seconds += time.thread_time() - started
                     return
                 index = self._pending.popleft()
                 request, entry = self._entries[index]
@@ -457,16 +514,20 @@ class StepFill:
                     self._condition.notify_all()  # the step now also waits for that timeout
                     continue
                 self._in_flight += 1
-            # straight into the slot when no deadline can close the step early (nothing
-            # can then land late): saves a copy per request
-            block = entry.block if self._direct else None
-            if block is not None:
-                valid, failure = self._table.fill_rows(request, entry, self._host, block.start)
-                done = (entry, None, valid, failure)
-            else:
-                scratch = self._table.scratch_rows(len(entry.rows))
-                valid, failure = self._table.fill_rows(request, entry, scratch, 0)
-                done = (entry, scratch, valid, failure)
+            done = self._fill(request, entry)
+
+    def _fill(
+        self, request: _Request, entry: FillEntry
+    ) -> tuple[FillEntry, torch.Tensor | None, int, str | None]:
+        """One request's rows: straight into the slot when they are a run, else into scratch
+        rows that `_publish` scatters."""
+        block = entry.block
+        if block is not None:
+            valid, failure = self._table.fill_rows(request, entry, self._host, block.start)
+            return entry, None, valid, failure
+        scratch = self._table.scratch_rows(len(entry.rows))
+        valid, failure = self._table.fill_rows(request, entry, scratch, 0)
+        return entry, scratch, valid, failure
 
     def compiled(self, index: int) -> None:
         """A waiting request's compilation ended, or its compile timeout passed: back in the
@@ -483,10 +544,10 @@ class StepFill:
         for index in [index for index, at in self._compiling.items() if at <= now]:
             self.compiled(index)
 
-    def _next_wake(self, remaining: float | None, now: float) -> float | None:
+    def _next_wake(self, now: float, *also: float | None) -> float | None:
+        """Seconds until the next compile timeout or any of `also` (None: not set)."""
         waits = [at - now for at in self._compiling.values()]
-        if remaining is not None:
-            waits.append(remaining)
+        waits += [seconds for seconds in also if seconds is not None]
         return max(0.0, min(waits)) if waits else None
 
     def _publish(
@@ -494,23 +555,21 @@ class StepFill:
     ) -> None:
         """Rows filled in scratch (None: already in the slot) go into the slot."""
         if scratch is not None:
-            if entry.block is not None:
-                self._host[entry.block].copy_(scratch)
-            else:
-                self._host[list(entry.rows)] = scratch
+            self._host[list(entry.rows)] = scratch
         self.result.valid[entry.position] = valid
         if failure is not None:
             self.result.failures[entry.request_id] = failure
         if self._progress is not None:
             self._progress[entry.position] = -1 if failure is not None else valid
         self._left -= 1
-        if not self._left:
-            self._condition.notify_all()
 
     def _close_late(self) -> None:
-        """Past the deadline (condition held): every request not done fails alone."""
+        """Past the deadline (condition held): every request not done fails alone. Fills
+        still running write into the slot they were given: the step's rows move to a copy."""
         self._closed = True
         self.abandoned = self._in_flight
+        if self.abandoned:
+            self._host = self.result.host = self._host.clone()
         for index, (request, entry) in self._entries.items():
             if index not in self.result.valid:
                 self._host[list(entry.rows)] = self._table.stop_row
@@ -518,6 +577,10 @@ class StepFill:
                 if request.status != "failed":
                     request.fail(DEADLINE_REASON)
                     self.result.failures[entry.request_id] = DEADLINE_REASON
+
+
+_NO_HOST = torch.empty(0, dtype=torch.int32)
+_NO_CONDITION = threading.Condition()
 
 
 def _requeue_compiled(step: weakref.ref[StepFill], index: int, _: object) -> None:

@@ -73,8 +73,15 @@ class _Executor(Protocol):
     def close(self) -> None: ...
 
 
-_SHARED_FROM_ROWS = 32
-"""Thread isolation: a step with fewer rows and no deadline is filled by its caller alone."""
+_SHARED_FROM_S = 1e-3
+"""Thread isolation: a step expected to take one thread less CPU time than this is filled
+by one thread (the caller's, when no deadline can come). Below it, handing the GIL back and
+forth between fill threads cost more than the second core gave on a 2-core machine: B=64
+D=0 with 0.78 ms of fills took 1.20x the time of one thread, B=16 D=1 with 1.0 ms 0.90x.
+The other threads join such a step if it is still running after twice that (see
+StepFill.run: a hanging matcher must not hold up the rest)."""
+_COST_WEIGHT = 0.3
+"""Weight of the last step in the running estimate of a request's fill time."""
 
 
 class _ThreadExecutor(MatcherTable):
@@ -86,6 +93,8 @@ class _ThreadExecutor(MatcherTable):
         super().__init__(vocab, compiler, compile_timeout_s)
         self._threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-fill")
+        self._request_seconds: float | None = None
+        """CPU time one request's fill took in recent steps (None before the first)."""
 
     def begin(self, plan: StepPlan) -> StepRun:
         requests = self.lookup([rid for rid in plan.request_ids if rid is not None])
@@ -94,16 +103,29 @@ class _ThreadExecutor(MatcherTable):
             slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
         ) -> FillResult:
             step = StepFill(self, fill_entries(plan), requests)
-            # with no deadline at all, the caller fills a small step alone: waking a fill
-            # thread cost more than it saved (B=16 D=0: 2.1 ms on two threads, 1.5 on one)
-            alone = deadline.never and step.rows < _SHARED_FROM_ROWS
-            threads = 1 if alone else self._threads
-            result = step.run(host, deadline, self._executor, threads, meanwhile=meanwhile)
+            alone_s = 2 * _SHARED_FROM_S if self.cheap(step.requests) else None
+            result = step.run(
+                host, deadline, self._executor, self._threads, meanwhile=meanwhile, alone_s=alone_s
+            )
             if step.abandoned:
                 self._renew()
+            elif step.requests:
+                self._note_cost(step.cpu_seconds / step.requests)
             return result
 
         return run
+
+    def cheap(self, requests: int) -> bool:
+        """A step of `requests` is expected to take one thread less than _SHARED_FROM_S
+        (never before a first step has been measured)."""
+        per_request = self._request_seconds
+        return per_request is not None and requests * per_request < _SHARED_FROM_S
+
+    def _note_cost(self, seconds: float) -> None:
+        known = self._request_seconds
+        self._request_seconds = (
+            seconds if known is None else known + _COST_WEIGHT * (seconds - known)
+        )
 
     def _renew(self) -> None:
         """A late step left threads inside matcher calls: fresh threads serve the next steps
@@ -339,6 +361,8 @@ class MatcherPool:
             slot, host = self._transfer.acquire()
             # the row metadata is found while the fill threads (or processes) fill
             result = run(slot, host, deadline, lambda: plan.metadata)
+            if result.host is not None:  # late fills may still write into the old slot
+                self._transfer.replace_host(slot, result.host)
             bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
             seconds = time.perf_counter() - started
             return self._masks(plan, step, bitmask, result, seconds), event

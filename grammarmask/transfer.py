@@ -121,6 +121,16 @@ class MaskTransfer:
         self.wait_host_free(slot)
         return slot, self._host[slot]
 
+    def replace_host(self, slot: int, rows: torch.Tensor) -> None:
+        """A new host buffer for `slot`, holding `rows` (the old one may still be written
+        into by fills that came back late). On a device it is pinned like the others."""
+        if self._ops is None:
+            self._host[slot] = rows  # also the "device" slot: one list
+            return
+        buffer = self._ops.alloc_host(*rows.shape)
+        buffer.copy_(rows)
+        self._host[slot] = buffer
+
     def wait_host_free(self, slot: int) -> None:
         if self._ops is not None and self._recorded[slot]:
             self._ops.event_synchronize(self._copied[slot])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
+import grammarmask.pool
+from grammarmask.matchers import MatcherTable
 from grammarmask.steps import StepPlan
 
 NAMES = [
@@ -155,11 +159,16 @@ def test_masks_do_not_depend_on_workers_order_or_company(
                 pool.add(rid, grammar)
                 pool.commit(rid, prefix)
             batch = [(plan[i][0], plan[i][3]) for i in order if i in subset]
-            masks = pool.fill(batch)
-            return {
-                str(rid): masks.bitmask[list(rows)]
-                for rid, rows in zip(masks.request_ids, masks.rows, strict=True)
+            first = pool.fill(batch)
+            rows = {
+                str(rid): first.bitmask[list(rows)]
+                for rid, rows in zip(first.request_ids, first.rows, strict=True)
             }
+            # later steps run with the pool's measured fill cost (one thread when cheap)
+            again = pool.fill_async(batch).wait()
+            for rid, entry_rows in zip(again.request_ids, again.rows, strict=True):
+                assert torch.equal(again.bitmask[list(entry_rows)], rows[str(rid)]), rid
+            return rows
 
     everyone = list(range(len(plan)))
     baseline = run(everyone, 1, everyone)
@@ -297,6 +306,52 @@ def test_steps_in_flight_keep_their_own_numbers(
         assert [future.wait().step for future in futures] == [first + 1 + i for i in range(4)]
 
 
+def test_cheap_steps_keep_to_one_thread(
+    deepseek: gm.Vocabulary,
+    compiler: gm.GrammarCompiler,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the pool has measured its fills, a step expected to cost less than
+    _SHARED_FROM_S is filled by one thread: the caller's in a synchronous fill, one fill
+    thread under fill_async; a costlier one starts every fill thread. Same masks."""
+    grammar, ids = cases["person"]
+    fillers: list[threading.Thread] = []
+    submitted: list[object] = []
+    real_fill_rows = MatcherTable.fill_rows
+
+    def noted_fill_rows(table: MatcherTable, *args: Any) -> tuple[int, str | None]:
+        fillers.append(threading.current_thread())
+        return real_fill_rows(table, *args)
+
+    with _new_pool(deepseek, compiler, workers=2) as pool:
+        batch: list[tuple[str | None, list[int]]] = []
+        for k in range(6):
+            pool.add(f"r{k}", grammar)
+            assert pool.commit(f"r{k}", ids[:k]).status == "active"
+            batch.append((f"r{k}", ids[k : k + 2]))
+        expected = pool.fill(batch).bitmask.clone()  # the first step measures the fills
+        monkeypatch.setattr(grammarmask.pool, "_SHARED_FROM_S", 10.0)  # every step is cheap
+        monkeypatch.setattr(MatcherTable, "fill_rows", noted_fill_rows)
+        executor = pool._executor._executor  # type: ignore[attr-defined]
+        real_submit = executor.submit
+        monkeypatch.setattr(
+            executor, "submit", lambda *a, **k: (submitted.append(a), real_submit(*a, **k))[1]
+        )
+        alone = pool.fill(batch).bitmask.clone()
+        assert set(fillers) == {threading.current_thread()} and not submitted
+        fillers.clear()
+        one_thread = pool.fill_async(batch).wait().bitmask.clone()
+        assert len(set(fillers)) == 1 and threading.current_thread() not in fillers
+        assert len(submitted) == 1
+        monkeypatch.setattr(grammarmask.pool, "_SHARED_FROM_S", 0.0)  # now none is
+        submitted.clear()
+        shared = pool.fill_async(batch).wait().bitmask.clone()
+        assert len(submitted) == 2
+        for masks in (alone, one_thread, shared):
+            assert torch.equal(masks, expected)
+
+
 def test_lifecycle_states(
     deepseek: gm.Vocabulary, deepseek_encode: Callable[[str], list[int]]
 ) -> None:
@@ -348,6 +403,8 @@ def test_step_row_metadata_matches_a_row_by_row_walk(data: st.DataObject) -> Non
             to_request[row], step[row] = entry, position
             verify[row] = position < len(rows) - 1
     metadata = plan.metadata
+    # steps of one layout share their metadata (a later step gets it from the cache)
+    assert StepPlan.build(batch, row_indices, num_rows).metadata is metadata
     assert metadata.row_to_request.tolist() == to_request
     assert metadata.local_step.tolist() == step
     assert metadata.is_verify.tolist() == verify

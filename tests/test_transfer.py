@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import ids_in_row
+from faults import HANG_S, faulty_backends
 from simdevice import SimDevice
 
 import grammarmask as gm
@@ -121,3 +123,36 @@ def test_removing_any_ordering_rule_breaks_it(
 def test_ring_needs_two_slots() -> None:
     with pytest.raises(ValueError, match="at least 2 slots"):
         gm.MatcherPool(gm.Vocabulary([b"a", b""], stop_token_ids=[1]), ring_slots=1)
+
+
+def test_a_step_closed_at_its_deadline_moves_to_a_new_host_slot(deepseek: gm.Vocabulary) -> None:
+    """On a device too: the hung fill of a late request writes, when it comes back, into
+    the host slot it was given; the step took a new one from the device's allocator (pinned
+    on CUDA), so its device masks keep the late request fail-closed and later steps, which
+    reuse the slots, are untouched."""
+    device = SimDevice(5)
+    pool = gm.MatcherPool(
+        deepseek, workers=2, device_ops=device, max_rows=8, backend_factory=faulty_backends
+    )
+    try:
+        pool.add("ok", gm.Grammar.json())
+        pool.add("late", gm.Grammar.json(), backend="faulty-hang")
+        first = pool.fill([("ok", [])])
+        device.main.synchronize()  # the copy has run
+        want = first.bitmask.clone()
+        slots = list(pool._transfer._host)
+        got = pool.fill_async([("late", []), ("ok", [])]).wait(timeout=0.5)
+        device.main.synchronize()
+        assert got.failures == {"late": "mask deadline exceeded"}
+        assert ids_in_row(got.bitmask[0], deepseek.size) == set(deepseek.stop_token_ids)
+        assert torch.equal(got.bitmask[1], want[0])
+        replaced = [a is not b for a, b in zip(slots, pool._transfer._host, strict=True)]
+        assert sum(replaced) == 1
+        time.sleep(HANG_S + 0.5)  # the hung fill comes back and writes into the old slot
+        for _ in range(2):
+            later = pool.fill([("ok", [])])
+            device.main.synchronize()
+            assert torch.equal(later.bitmask[0], want[0])
+    finally:
+        pool.close()
+        device.close()

@@ -153,6 +153,9 @@ class XGrammarMatcher(Matcher):
         traverse_draft_tree call per request measured slower here: its rows then need a scan
         to find the node it rejected.) The banned tokens never reach a row (see TokenFilter):
         only a stop row or a row after a lead is written here."""
+        if not drafts:  # one row: a decode step without speculation
+            self.fill(bitmask, rows[0])
+            return 0
         token_filter = self._filter
         if self._stopped:
             bitmask[rows[0]].numpy()[:] = token_filter.stop_only
