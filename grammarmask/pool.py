@@ -73,13 +73,13 @@ class _Executor(Protocol):
     def close(self) -> None: ...
 
 
-_SHARED_FROM_S = 1e-3
+_SHARED_FROM_S = 0.7e-3
 """Thread isolation: a step expected to take one thread less CPU time than this is filled
 by one thread (the caller's, when no deadline can come). Below it, handing the GIL back and
-forth between fill threads cost more than the second core gave on a 2-core machine: B=64
-D=0 with 0.78 ms of fills took 1.20x the time of one thread, B=16 D=1 with 1.0 ms 0.90x.
-The other threads join such a step if it is still running after twice that (see
-StepFill.run: a hanging matcher must not hold up the rest)."""
+forth between fill threads cost more than the second core gave on a 2-core machine (same-
+run probe, two threads against one: 1.34x at 0.42 ms of fills, 1.17x at 0.62 ms, 0.82x at
+0.87 ms, 0.71-0.79x from 1.3 ms up). The other threads join such a step if it is still
+running after twice that (see StepFill.run: a hanging matcher must not hold up the rest)."""
 _COST_WEIGHT = 0.3
 """Weight of the last step in the running estimate of a request's fill time."""
 
@@ -165,6 +165,8 @@ class MaskFuture:
         """
         if timeout is not None:
             self._deadline.tighten(timeout)
+        elif self._deadline.at is None and not self._work.done():
+            self._deadline.help()  # nothing to do but wait: fill instead (thread isolation)
         masks: StepMasks = self._transfer.join_then_wait(self._work.result, self._consumer)
         return masks
 
@@ -358,9 +360,12 @@ class MatcherPool:
         """One step at a time (the step thread's and synchronous fills take turns)."""
         with self._step_lock:
             started = time.perf_counter()
-            slot, host = self._transfer.acquire()
-            # the row metadata is found while the fill threads (or processes) fill
-            result = run(slot, host, deadline, lambda: plan.metadata)
+            try:
+                slot, host = self._transfer.acquire()
+                # the row metadata is found while the fill threads (or processes) fill
+                result = run(slot, host, deadline, lambda: plan.metadata)
+            finally:
+                deadline.started.set()  # whatever ran (or failed): a helper waits no more
             if result.host is not None:  # late fills may still write into the old slot
                 self._transfer.replace_host(slot, result.host)
             bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)

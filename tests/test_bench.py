@@ -71,11 +71,13 @@ def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
         "naive loop (1 thread)",
         "xgrammar batch matcher (2 threads)",
         "xgrammar draft tree (1 thread)",
-        "naive loop split on 2 threads (reference)",
+        "naive loop on 2 threads, one queue (reference)",
         "pool, 1 worker",
         "pool, 2 workers",
+        "pool, 2 workers, fill_async + wait",
     }
-    assert all(r["target"] is not None for r in fill if r["variant"].startswith("pool"))
+    targeted = {"pool, 1 worker", "pool, 2 workers"}
+    assert all(r["target"] is not None for r in fill if r["variant"] in targeted)
     apply = [r for r in rows if r["variant"] == "grammarmask apply_bitmask"]
     assert len(apply) == 2 and all(r["target"] == "<= 1.5" for r in apply)
     cuda = [r for r in rows if r["scenario"] == "cuda"]
