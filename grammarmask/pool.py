@@ -21,11 +21,12 @@ the rows in both, behind the small `_Executor` interface below.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
@@ -97,7 +98,13 @@ class _ThreadExecutor(MatcherTable):
         """CPU time one request's fill took in recent steps (None before the first)."""
 
     def begin(self, plan: StepPlan) -> StepRun:
-        requests = self.lookup([rid for rid in plan.request_ids if rid is not None])
+        ids = plan.request_ids
+        named = (
+            cast(tuple[RequestId, ...], ids)
+            if None not in ids
+            else [rid for rid in ids if rid is not None]
+        )
+        requests = self.lookup(named)
 
         def run(
             slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
@@ -140,22 +147,38 @@ class _ThreadExecutor(MatcherTable):
 
 
 class MaskFuture:
-    """The masks of one step, being filled; `wait` joins and orders the device stream."""
+    """The masks of one step, being filled; `wait` joins and orders the device stream.
 
-    def __init__(
-        self,
-        work: Future[tuple[StepMasks, Any]],
-        transfer: MaskTransfer,
-        consumer: Any,
-        deadline: Deadline,
-    ) -> None:
-        self._work = work
+    The step thread hands the result over under the step's own condition (the Deadline's):
+    fill_async builds one of these per step on the engine's thread, and a
+    concurrent.futures Future and executor hand-off cost ~3x as much there with the caches
+    cold after a forward."""
+
+    def __init__(self, transfer: MaskTransfer, consumer: Any, deadline: Deadline) -> None:
         self._transfer = transfer
         self._consumer = consumer
         self._deadline = deadline
+        self._finished = False
+        self._value: tuple[StepMasks, Any] | None = None
+        self._error: BaseException | None = None
+
+    def finish(self, value: tuple[StepMasks, Any] | None, error: BaseException | None) -> None:
+        """The step's masks and copy event, or the exception that ended it."""
+        with self._deadline.condition:
+            self._value, self._error, self._finished = value, error, True
+            self._deadline.condition.notify_all()
 
     def done(self) -> bool:
-        return self._work.done()
+        return self._finished
+
+    def _result(self) -> tuple[StepMasks, Any]:
+        condition = self._deadline.condition
+        with condition:
+            condition.wait_for(lambda: self._finished)
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
 
     def wait(self, timeout: float | None = None) -> StepMasks:
         """Join the CPU fill, then (on a device) make the consumer stream wait on the copy.
@@ -165,10 +188,15 @@ class MaskFuture:
         """
         if timeout is not None:
             self._deadline.tighten(timeout)
-        elif self._deadline.at is None and not self._work.done():
+        elif self._deadline.at is None and not self._finished:
             self._deadline.help()  # nothing to do but wait: fill instead (thread isolation)
-        masks: StepMasks = self._transfer.join_then_wait(self._work.result, self._consumer)
+        masks: StepMasks = self._transfer.join_then_wait(self._result, self._consumer)
         return masks
+
+
+_Job = tuple[MaskFuture, StepPlan, int, StepRun, Deadline, Any]
+"""A fill_async step for the step thread: its future, plan, number, run, deadline and
+consumer stream."""
 
 
 class MatcherPool:
@@ -257,9 +285,13 @@ class MatcherPool:
                 chosen.backend(backend)  # fail now on an unknown or missing backend
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots)
             self._executor = _ThreadExecutor(vocab, chosen, compile_timeout_s, self.workers)
-        self._coordinator = ThreadPoolExecutor(1, thread_name_prefix="grammarmask-step")
         self._step_lock = threading.Lock()
         self._step = 0
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._step_thread = threading.Thread(
+            target=self._serve_steps, name="grammarmask-step", daemon=True
+        )
+        self._step_thread.start()
 
     # ------------------------------------------------------------------ requests
     def add(
@@ -325,13 +357,24 @@ class MatcherPool:
         """
         plan, step, consumer = self._prepare(batch, row_indices, num_rows)
         deadline = Deadline(deadline_s)
+        future = MaskFuture(self._transfer, consumer, deadline)
         if plan.without_grammar:
-            done: Future[tuple[StepMasks, Any]] = Future()
-            done.set_result((self._without_grammar(plan, step), None))
-            return MaskFuture(done, self._transfer, consumer, deadline)
+            future.finish((self._without_grammar(plan, step), None), None)
+            return future
         run = self._executor.begin(plan)
-        work = self._coordinator.submit(self._run_step, plan, step, run, deadline, consumer)
-        return MaskFuture(work, self._transfer, consumer, deadline)
+        self._jobs.put((future, plan, step, run, deadline, consumer))
+        return future
+
+    def _serve_steps(self) -> None:
+        """The step thread: fill_async's steps, one at a time, in order, until close()."""
+        while (job := self._jobs.get()) is not None:
+            future, plan, step, run, deadline, consumer = job
+            try:
+                done = self._run_step(plan, step, run, deadline, consumer)
+            except BaseException as exc:  # the engine hears it from wait()
+                future.finish(None, exc)
+            else:
+                future.finish(done, None)
 
     def _prepare(
         self,
@@ -365,7 +408,7 @@ class MatcherPool:
                 # the row metadata is found while the fill threads (or processes) fill
                 result = run(slot, host, deadline, lambda: plan.metadata)
             finally:
-                deadline.started.set()  # whatever ran (or failed): a helper waits no more
+                deadline.mark_started()  # whatever ran (or failed): a helper waits no more
             if result.host is not None:  # late fills may still write into the old slot
                 self._transfer.replace_host(slot, result.host)
             bitmask, event = self._transfer.publish(slot, plan.num_rows, consumer)
@@ -404,7 +447,10 @@ class MatcherPool:
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        self._coordinator.shutdown(wait=True)
+        """Waits for the steps already started, then stops the pool's threads."""
+        if self._step_thread.is_alive():
+            self._jobs.put(None)
+            self._step_thread.join()
         self._executor.close()
         if self._owned_compiler is not None:
             self._owned_compiler.close()

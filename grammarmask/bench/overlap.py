@@ -10,7 +10,9 @@ fills on the cores the forward leaves free (at most 4 workers): with a worker on
 forward's core too, "the fill alone" would be timed on more cores than the fill gets
 beside the forward (2 workers on this 2-core machine: fill alone 0.53 of the forward,
 exposed 22 %). A few steps are also recorded as a timeline (fill, forward, wait, apply)
-for the plot.
+for the plot. The step's row notes where its time goes, each part over the forward alone:
+fill_async's own part on the caller, the forward run beside the fill (it shares the
+machine's caches and memory with it), and the wait after it.
 """
 
 from __future__ import annotations
@@ -97,10 +99,18 @@ def run_overlap(bench: Bench) -> Outcome:
     forward = stand_in_forward(max(0.010, 1.5 * statistics.median(fills)))
     bench.plan(config.repeats, "overlap")
 
+    parts: dict[str, list[float]] = {"caller": [], "forward": [], "wait": []}
+
     def with_masks() -> None:
+        started = time.perf_counter()
         future = pool.fill_async(batch)
+        returned = time.perf_counter()
         forward()
+        forward_end = time.perf_counter()
         future.wait()
+        parts["caller"].append(returned - started)
+        parts["forward"].append(forward_end - returned)
+        parts["wait"].append(time.perf_counter() - forward_end)
 
     def fill_alone() -> None:
         pool.fill(batch)
@@ -111,9 +121,15 @@ def run_overlap(bench: Bench) -> Outcome:
     pool.close()
     shorter = statistics.median(timings["fill alone"]) < statistics.median(timings[BASELINE])
     point = f"deepseek B={requests} D={drafts}, {workers} worker{'s' if workers > 1 else ''}"
+    alone = statistics.median(timings[BASELINE])
+    exposed = {  # where the step's extra time goes, each a fraction of the forward alone
+        "caller_part": statistics.median(parts["caller"]) / alone,
+        "forward_beside_fill": statistics.median(parts["forward"]) / alone,
+        "wait": statistics.median(parts["wait"]) / alone,
+    }
     rows = [
-        dataclasses.replace(r, target=TARGET)
-        if shorter and r.variant == "forward + fill_async + wait"
+        dataclasses.replace(r, target=TARGET if shorter else None, extra=exposed)
+        if r.variant == "forward + fill_async + wait"
         else r
         for r in compare("overlap", point, timings, BASELINE)
     ]
