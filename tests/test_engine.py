@@ -75,6 +75,9 @@ def test_constrained_requests_validate_with_any_logits(
         assert result.finish_reason in ("grammar", "stop"), result
         jsonschema.validate(json.loads(result.text), bundled_schema(name))
         assert result.steps >= 1 and result.fill_seconds > 0
+        # the engine thread's own time on masks: part of the run, never more
+        assert 0 < result.masking_seconds < result.seconds
+        assert result.masking_seconds >= result.mask_wait_seconds
 
 
 def test_finish_reasons(deepseek: gm.Vocabulary, pool: gm.MatcherPool) -> None:

@@ -71,6 +71,9 @@ class GenerationResult:
     mask_wait_seconds: float
     fill_seconds: float
     seconds: float
+    masking_seconds: float = 0.0
+    """The engine thread's own time on masks: the fill_async calls, the waits, the applies
+    (the fill itself runs beside the forward)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -96,6 +99,7 @@ class _Running:
     accepted: int = 0
     mask_wait: float = 0.0
     fill: float = 0.0
+    masking: float = 0.0
 
 
 class ReferenceEngine:
@@ -163,7 +167,9 @@ class ReferenceEngine:
             )
             for s in batch
         ]
+        started = time.perf_counter()
         future = self.pool.fill_async(entries)  # masks are filled while the model runs
+        asked = time.perf_counter() - started
         rows = []
         for state in batch:
             new = [*state.pending, *drafts[state.request.request_id]]
@@ -174,6 +180,7 @@ class ReferenceEngine:
         masks = future.wait()
         mask_wait = time.perf_counter() - waited
         apply_bitmask(logits, masks)
+        masking = asked + time.perf_counter() - waited
         finished = []
         for index, state in enumerate(batch):
             rid = state.request.request_id
@@ -191,6 +198,7 @@ class ReferenceEngine:
             state.accepted += verdict.accepted
             state.mask_wait += mask_wait
             state.fill += masks.fill_seconds
+            state.masking += masking
             processed = len(state.context) + len(drafts[rid])
             state.cache = self.model.trim(
                 state.cache, processed - (len(drafts[rid]) - verdict.accepted)
@@ -254,4 +262,5 @@ class ReferenceEngine:
             state.mask_wait,
             state.fill,
             time.perf_counter() - state.started,
+            state.masking,
         )
