@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+import grammarmask as gm
 from grammarmask.bench import SCENARIOS, BenchConfig, run_bench
+from grammarmask.bench.context import Bench
 from grammarmask.bench.report import RESULT_SCHEMA, Target, compare, interleave, percentile, table
+from grammarmask.bench.workload import pick_instances
 from grammarmask.cli import main
+from grammarmask.conformance import bundled_sample_dir
 
 CPU_SCENARIOS = [name for name in SCENARIOS if name != "e2e"]
 
@@ -94,3 +99,31 @@ def test_e2e_on_the_real_model() -> None:
     rows, _ = run_bench(["e2e"], BenchConfig("tiny", 1), progress=False)
     assert [r.unit for r in rows] == ["tok/s", "tok/s"]
     assert rows[1].target == Target(">=", 0.97) and rows[1].ratio_p50 is not None
+
+
+def test_pinned_schemas_are_replayed_by_name_and_draws_are_per_point(
+    deepseek: gm.Vocabulary, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """A corpus holding the pinned names gives exactly those schemas, in that order; one
+    that lacks a name is searched instead. Each point's draws come from its own generator:
+    the same whatever the run drew before."""
+    sample = bundled_sample_dir()
+    names = ["Kubernetes---kb_705_Normalized", "Github_easy---o71312"]
+    compiler = gm.GrammarCompiler(deepseek)
+    try:
+        pinned = pick_instances(sample, 2, compiler, deepseek_encode, random.Random(0), names=names)
+        assert [i.name for i in pinned] == names
+        searched = pick_instances(
+            sample, 2, compiler, deepseek_encode, random.Random(0), names=["absent", names[0]]
+        )
+        assert len(searched) == 2 and all((sample / f"{i.name}.json").is_file() for i in searched)
+    finally:
+        compiler.close()
+    bench = Bench(BenchConfig("tiny", 1, sample), progress=False)
+    try:
+        first = bench.replays("deepseek", 4, 2)
+        bench.rng.random()  # what the run does in between must not matter
+        bench.replays("deepseek", 8, 0)
+        assert bench.replays("deepseek", 4, 2) == first
+    finally:
+        bench.close()

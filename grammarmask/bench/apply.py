@@ -19,7 +19,6 @@ from ..steps import StepMasks
 from .context import Bench, Outcome
 from .fill import build_pool
 from .report import Row, Target, compare, interleave
-from .workload import replays
 
 BASELINE = "one in-place pass (logits.mul_(1.0))"
 TARGET = Target("<=", 1.5)
@@ -28,7 +27,7 @@ TARGET = Target("<=", 1.5)
 def real_masks(bench: Bench, rows: int, device: str = "cpu") -> StepMasks:
     """`rows` rows of real DeepSeek masks (5 drafts per request), every 4th without grammar."""
     requests = max(1, rows // 6)
-    plans = replays(bench.instances("deepseek"), requests, 5, bench.rng)
+    plans = bench.replays("deepseek", requests, 5)
     pool, batch = build_pool(bench, "deepseek", plans, 2)
     entries = [(rid if i % 4 else None, drafts) for i, (rid, drafts) in enumerate(batch)]
     masks = pool.fill(entries)

@@ -23,7 +23,7 @@ from ..grammars import Grammar
 from .context import Bench, Outcome
 from .fill import build_pool
 from .report import Row, Target, compare, interleave, percentile
-from .workload import candidates, replays
+from .workload import candidates
 
 STALL_TARGET = Target("<=", 1.1)
 WARM = "cache hit + first fill"
@@ -42,7 +42,7 @@ def _first_masks(bench: Bench, backend: str, count: int) -> list[Row]:
     warm: list[float] = []
     compiler = GrammarCompiler(vocab, timeout_s=bench.config.pick(30, 30, 120))
     schemas = candidates(bench.config.corpus, random.Random(bench.config.seed))
-    for schema, _ in schemas:
+    for _, schema, _ in schemas:
         if len(cold) == count:
             break
         try:
@@ -90,7 +90,7 @@ def _slow_grammar(salt: int) -> Grammar:
 def _stall(bench: Bench) -> list[Row]:
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
+    plans = bench.replays("deepseek", requests, drafts)
     pool, batch = build_pool(bench, "deepseek", plans, 2)
     compiler = bench.compiler("deepseek")
     salts = iter(range(10**9))

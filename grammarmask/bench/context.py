@@ -15,7 +15,7 @@ from ..compiler import GrammarCompiler
 from ..known_vocabs import load_encoder, load_vocabulary
 from ..vocabulary import Vocabulary
 from .report import Row
-from .workload import Instance, pick_instances
+from .workload import Instance, Replay, pick_instances, pinned_names, replays
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,17 @@ class Bench:
                 self.compiler(name),
                 load_encoder(name),
                 random.Random(self.config.seed),
+                names=pinned_names(self.config.size, name),
             )
             self._bar.set_description(self._label)
         return self._instances[name]
+
+    def replays(self, vocab: str, requests: int, drafts: int) -> list[Replay]:
+        """One point's requests, drawn from a generator of that point's own (seeded by the
+        run's seed and the point): the same draws whatever else the run did before, and in
+        every scenario that measures that point."""
+        rng = random.Random(f"{self.config.seed}/{vocab}/{requests}/{drafts}")
+        return replays(self.instances(vocab), requests, drafts, rng)
 
     def close(self) -> None:
         self._bar.close()

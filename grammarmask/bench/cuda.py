@@ -20,7 +20,6 @@ from .apply import measure_apply
 from .context import Bench, Outcome
 from .fill import build_pool
 from .report import Row, compare, interleave
-from .workload import replays
 
 NO_DEVICE = "no CUDA device"
 
@@ -44,7 +43,7 @@ def _copy_rows(bench: Bench) -> list[Row]:
     config = bench.config
     device = torch.device("cuda")
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
+    plans = bench.replays("deepseek", requests, drafts)
     host_pool, batch = build_pool(bench, "deepseek", plans, 2)
     vocab = bench.vocab("deepseek")
     gpu_pool = MatcherPool(

@@ -26,7 +26,7 @@ from ..pool import MatcherPool
 from ..vocabulary import Vocabulary
 from .context import Bench, Outcome
 from .report import Row, Target, compare, interleave
-from .workload import Replay, replays
+from .workload import Replay
 
 NAIVE = "naive loop (1 thread)"
 SPLIT = "naive loop on 2 threads, one queue (reference)"
@@ -193,8 +193,7 @@ def _check_masks(reference: torch.Tensor, masks: dict[str, torch.Tensor]) -> Non
 
 def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> list[Row]:
     config = bench.config
-    instances = bench.instances(vocab_name)
-    plans = replays(instances, requests, drafts, bench.rng)
+    plans = bench.replays(vocab_name, requests, drafts)
     raw = RawMatchers(bench.vocab(vocab_name), plans)
     pools = {w: build_pool(bench, vocab_name, plans, w) for w in (1, 2)}
     runs: dict[str, Callable[[], torch.Tensor]] = {
@@ -242,7 +241,7 @@ def run_isolation(bench: Bench) -> Outcome:
     """The pool with thread vs process isolation, 2 workers, B=64, D=5."""
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
+    plans = bench.replays("deepseek", requests, drafts)
     point = f"deepseek B={requests} D={drafts}"
     thread, batch = build_pool(bench, "deepseek", plans, 2)
     base = "pool, thread isolation"

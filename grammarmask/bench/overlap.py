@@ -30,7 +30,6 @@ from ..pool import MatcherPool
 from .context import Bench, Outcome
 from .fill import build_pool
 from .report import Target, compare, interleave
-from .workload import replays
 
 TARGET = Target("<=", 1.02)
 BASELINE = "forward alone"
@@ -88,7 +87,7 @@ def _timeline(
 def run_overlap(bench: Bench) -> Outcome:
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
-    plans = replays(bench.instances("deepseek"), requests, drafts, bench.rng)
+    plans = bench.replays("deepseek", requests, drafts)
     workers = min(4, max(1, (os.cpu_count() or 2) - 1))
     pool, batch = build_pool(bench, "deepseek", plans, workers)
     fills = []

@@ -4,13 +4,19 @@ Each request is a MaskBench schema whose first valid instance, encoded by the vo
 real tokenizer, xgrammar accepts token by token. A request sits at a random position of its
 instance (structural and inside-string positions mix as in real traffic) and its drafts are
 the instance's next tokens, so every draft is accepted: the most rows to fill.
+
+Which schemas a run uses is pinned (`instances.json`, by MaskBench file name, for the
+shared corpus): a search that skips the schemas still compiling after a few seconds picked
+other ones on a loaded machine, and runs then replayed other traffic (fills cost 8 us at
+the median position and up to 1.3 ms inside some strings, so the draws move a step's time
+by more than any change to the pool). A corpus without the pinned names is searched.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -29,10 +35,16 @@ MAX_SCHEMA_CHARS = 4_000
 2-core machine), which would dominate a run."""
 
 
+PINNED_COMPILE_TIMEOUT_S = 300.0
+"""A pinned schema compiled in under 5 s when it was pinned; a busy machine may take longer."""
+
+
 @dataclass(frozen=True)
 class Instance:
-    """A compiled schema and the token ids of one of its valid instances."""
+    """A compiled schema (by name: its MaskBench file, or bundled file and example) and the
+    token ids of one of its valid instances."""
 
+    name: str
     compiled: CompiledGrammar
     ids: tuple[int, ...]
 
@@ -46,25 +58,82 @@ class Replay:
     drafts: tuple[int, ...]
 
 
-def candidates(corpus: Path | None, rng: random.Random) -> Iterator[tuple[dict[str, Any], str]]:
-    """(schema, compact instance text): MaskBench files in random order, or with no corpus
-    the bundled schemas and their `examples`."""
+def pinned_names(size: str, vocab: str) -> list[str] | None:
+    """The MaskBench names a run of this size uses on this vocabulary, if pinned."""
+    document = json.loads(files("grammarmask.bench").joinpath("instances.json").read_text())
+    names: list[str] | None = document.get(size, {}).get(vocab)
+    return names
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _maskbench(path: Path) -> tuple[dict[str, Any], str] | None:
+    """A MaskBench file's schema and its first valid instance, if small enough to use."""
+    entry = json.loads(path.read_text(encoding="utf-8"))
+    valid = [t["data"] for t in entry.get("tests", []) if t.get("valid")]
+    schema = entry.get("schema")
+    if valid and isinstance(schema, dict) and len(json.dumps(schema)) <= MAX_SCHEMA_CHARS:
+        return schema, _compact(valid[0])
+    return None
+
+
+def candidates(
+    corpus: Path | None, rng: random.Random
+) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(name, schema, compact instance text): MaskBench files in random order, or with no
+    corpus the bundled schemas and their `examples`."""
     if corpus is None:
         for path in sorted(Path(str(files("grammarmask.schemas"))).glob("*.json")):
             schema = json.loads(path.read_text(encoding="utf-8"))
-            for example in schema.get("examples", []):
-                yield schema, json.dumps(example, separators=(",", ":"), ensure_ascii=False)
+            for index, example in enumerate(schema.get("examples", [])):
+                yield f"{path.stem}#{index}", schema, _compact(example)
         return
     paths = sorted(corpus.glob("*.json"))
     if not paths:
         raise FileNotFoundError(f"no MaskBench schemas in {corpus}")
     rng.shuffle(paths)
     for path in paths:
-        entry = json.loads(path.read_text(encoding="utf-8"))
-        valid = [t["data"] for t in entry.get("tests", []) if t.get("valid")]
-        schema = entry.get("schema")
-        if valid and isinstance(schema, dict) and len(json.dumps(schema)) <= MAX_SCHEMA_CHARS:
-            yield schema, json.dumps(valid[0], separators=(",", ":"), ensure_ascii=False)
+        found = _maskbench(path)
+        if found is not None:
+            yield path.stem, *found
+
+
+def _replayed(name: str, compiled: CompiledGrammar, text: str, encode: Encoder) -> Instance | None:
+    """The instance, if xgrammar accepts all of it (and it is long enough to sit inside)."""
+    ids = encode(text)
+    matcher = compiled.matcher()
+    if len(ids) > 8 and all(matcher.accept(t) for t in ids) and matcher.can_stop():
+        return Instance(name, compiled, tuple(ids))
+    return None
+
+
+def _named(
+    corpus: Path, names: Sequence[str], compiler: GrammarCompiler, encode: Encoder
+) -> list[Instance] | None:
+    """The pinned instances, or None if this corpus lacks one or it no longer replays."""
+    paths = [corpus / f"{name}.json" for name in names]
+    if not all(path.is_file() for path in paths):
+        return None
+    loaded = [_maskbench(path) for path in paths]
+    if any(found is None for found in loaded):
+        return None
+    pending = [
+        (name, compiler.submit(Grammar.json_schema(schema), "xgrammar"), text)
+        for name, (schema, text) in zip(names, filter(None, loaded), strict=True)
+    ]
+    chosen = []
+    for name, future, text in pending:
+        try:
+            instance = _replayed(name, future.result(PINNED_COMPILE_TIMEOUT_S), text, encode)
+        except (GrammarMaskError, FutureTimeout):
+            instance = None
+        if instance is None:
+            _settle([f for _, f, _ in pending])
+            return None
+        chosen.append(instance)
+    return chosen
 
 
 def pick_instances(
@@ -75,26 +144,32 @@ def pick_instances(
     rng: random.Random,
     *,
     compile_timeout_s: float = 5.0,
+    names: Sequence[str] | None = None,
 ) -> list[Instance]:
-    """Up to `count` schemas whose instance xgrammar replays in full; a window of candidates
-    compiles in the background and a schema still compiling `compile_timeout_s` after
-    its turn came is skipped."""
+    """The pinned `names` if the corpus has them all and they replay; otherwise up to
+    `count` schemas whose instance xgrammar replays in full, searched: a window of
+    candidates compiles in the background and a schema still compiling
+    `compile_timeout_s` after its turn came is skipped."""
+    if names is not None and corpus is not None:
+        pinned = _named(corpus, names[:count], compiler, encode)
+        if pinned is not None:
+            return pinned
     chosen: list[Instance] = []
-    pending: list[tuple[Future[CompiledGrammar], str]] = []
+    pending: list[tuple[str, Future[CompiledGrammar], str]] = []
     skipped: list[Future[CompiledGrammar]] = []
     pool = candidates(corpus, rng)
     while len(chosen) < count:
-        for schema, text in pool:
+        for name, schema, text in pool:
             try:
                 grammar = Grammar.json_schema(schema)
             except GrammarMaskError:
                 continue
-            pending.append((compiler.submit(grammar, "xgrammar"), text))
+            pending.append((name, compiler.submit(grammar, "xgrammar"), text))
             if len(pending) >= 2 * (count - len(chosen)):
                 break
         if not pending:
             break
-        future, text = pending.pop(0)
+        name, future, text = pending.pop(0)
         try:
             compiled = future.result(timeout=compile_timeout_s)
         except FutureTimeout:
@@ -102,11 +177,10 @@ def pick_instances(
             continue
         except GrammarMaskError:
             continue
-        ids = encode(text)
-        matcher = compiled.matcher()
-        if len(ids) > 8 and all(matcher.accept(t) for t in ids) and matcher.can_stop():
-            chosen.append(Instance(compiled, tuple(ids)))
-    _settle([*skipped, *(future for future, _ in pending)])
+        instance = _replayed(name, compiled, text, encode)
+        if instance is not None:
+            chosen.append(instance)
+    _settle([*skipped, *(future for _, future, _ in pending)])
     if not chosen:
         raise ValueError(f"no usable schema in {corpus or 'the bundled schemas'}")
     return chosen
