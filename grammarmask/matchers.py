@@ -423,9 +423,9 @@ class StepFill:
         self.result = FillResult()
         self.abandoned = 0
         """Threads still inside a matcher call when the step went on without them."""
-        self.cpu_seconds = 0.0
-        """CPU time the fill threads spent on this step (time waiting for the GIL or a
-        compilation not counted): what it would take one thread."""
+        self.awaited_compiles = False
+        """Some request's grammar was still compiling: the step's time says little about
+        its fills."""
 
     @property
     def requests(self) -> int:
@@ -447,8 +447,8 @@ class StepFill:
         keeps up, as for one request). `meanwhile` runs on this thread once the tasks are
         started, before it fills or waits.
 
-        `alone_s` (a step expected to be cheap): one thread fills, the caller's when no
-        deadline can come; otherwise the other threads join if the step is not done
+        `alone_s` (a step one thread fills faster): one thread fills, the caller's when
+        no deadline can come; otherwise the other threads join if the step is not done
         `alone_s` seconds after it started, so that a hanging matcher or a costlier step
         than expected does not hold the others up.
         """
@@ -494,7 +494,6 @@ class StepFill:
         """This thread fills every request, in batch order, no other thread taking part:
         no lock round per request. Requests whose grammar still compiles come last, so the
         others do not wait for them (each then waits up to its compile timeout)."""
-        started = time.thread_time()
         compiling = self._table.compiling
         later = []
         for request, entry in self._pairs:
@@ -502,9 +501,9 @@ class StepFill:
                 later.append((request, entry))
             else:
                 self._publish(*self._fill(request, entry))
+        self.awaited_compiles = bool(later)
         for request, entry in later:
             self._publish(*self._fill(request, entry))
-        self.cpu_seconds = time.thread_time() - started
 
     def _start_drains(self) -> None:
         """Enough tasks for the queue, at most `threads` (condition held)."""
@@ -530,7 +529,6 @@ class StepFill:
         """Fill requests until none is left; one lock round per request (publish the last
         one's rows, take the next), and the waiting thread is woken only at the end. A fill
         thread's drain stops early when a helper has taken its place."""
-        started = time.thread_time()
         done: tuple[FillEntry, torch.Tensor | None, int, str | None] | None = None
         while True:
             with self._condition:
@@ -545,12 +543,12 @@ class StepFill:
                 if self._closed or not self._pending or replaced:
                     self._drains -= 1
                     self._helpers -= helper
-                    self.cpu_seconds += time.thread_time() - started
                     return
                 index = self._pending.popleft()
                 request, entry = self._entries[index]
                 compiling = self._table.compiling(request)
                 if compiling is not None:
+                    self.awaited_compiles = True
                     self._compiling[index] = request.deadline
                     # a finished future keeps its callbacks: hold the step weakly
                     compiling.add_done_callback(

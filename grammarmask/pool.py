@@ -74,15 +74,56 @@ class _Executor(Protocol):
     def close(self) -> None: ...
 
 
-_SHARED_FROM_S = 0.7e-3
-"""Thread isolation: a step expected to take one thread less CPU time than this is filled
-by one thread (the caller's, when no deadline can come). Below it, handing the GIL back and
-forth between fill threads cost more than the second core gave on a 2-core machine (same-
-run probe, two threads against one: 1.34x at 0.42 ms of fills, 1.17x at 0.62 ms, 0.82x at
-0.87 ms, 0.71-0.79x from 1.3 ms up). The other threads join such a step if it is still
-running after twice that (see StepFill.run: a hanging matcher must not hold up the rest)."""
-_COST_WEIGHT = 0.3
-"""Weight of the last step in the running estimate of a request's fill time."""
+class _ThreadMode:
+    """Thread isolation: fill a step on one thread or on all of them, whichever took less
+    time per request in recent steps. On a 2-core machine, two threads cost more than the
+    second core gave when the fills are cheap (forced two against one, same run: 1.34x at
+    0.42 ms of fills, 1.17x at 0.62 ms, 0.82x at 0.87 ms, 0.71-0.79x from 1.3 ms up; and
+    at B=64 D=0 with ~7 us fills 1.6x at 0.67 ms), and where the line falls depends on the
+    machine and the fills. A threshold on an estimate of the step's CPU time locked into
+    two threads near it: their contention inflated the estimate. So both modes are timed,
+    and every `EXPLORE_EVERY`-th step tries the one not chosen, to follow the traffic."""
+
+    EXPLORE_EVERY = 16
+    WEIGHT = 0.3
+    """Of the last step, in each mode's running seconds per request."""
+
+    def __init__(self) -> None:
+        self._per_request: dict[bool, float] = {}
+        """Alone (one thread)? -> recent seconds per request of a step's fill."""
+        self._steps = 0
+
+    def alone(self, requests: int) -> bool:
+        """Fill the next step of `requests` on one thread? (All threads first, then one,
+        then the faster, with the other tried now and then.)"""
+        if requests < 2:
+            return True
+        self._steps += 1
+        if False not in self._per_request:
+            return False
+        if True not in self._per_request:
+            return True
+        faster = self._per_request[True] <= self._per_request[False]
+        return faster != (self._steps % self.EXPLORE_EVERY == 0)
+
+    def alone_seconds(self, requests: int) -> float:
+        """What a step of `requests` is expected to take on one thread."""
+        return requests * self._per_request.get(True, 0.0)
+
+    def note(self, alone: bool, seconds: float, requests: int) -> None:
+        if requests < 2:
+            return
+        per_request = seconds / requests
+        known = self._per_request.get(alone)
+        self._per_request[alone] = (
+            per_request if known is None else known + self.WEIGHT * (per_request - known)
+        )
+
+
+_WIDEN_AFTER_S = 2e-3
+"""A step filled on one thread that is still running this long after it started, and twice
+what it was expected to take, gets the other fill threads (see StepFill.run): a hanging
+matcher must not hold up the rest."""
 
 
 class _ThreadExecutor(MatcherTable):
@@ -94,8 +135,7 @@ class _ThreadExecutor(MatcherTable):
         super().__init__(vocab, compiler, compile_timeout_s)
         self._threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="grammarmask-fill")
-        self._request_seconds: float | None = None
-        """CPU time one request's fill took in recent steps (None before the first)."""
+        self.mode = _ThreadMode()
 
     def begin(self, plan: StepPlan) -> StepRun:
         ids = plan.request_ids
@@ -110,29 +150,24 @@ class _ThreadExecutor(MatcherTable):
             slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
         ) -> FillResult:
             step = StepFill(self, fill_entries(plan), requests)
-            alone_s = 2 * _SHARED_FROM_S if self.cheap(step.requests) else None
+            alone = self._threads == 1 or self.mode.alone(step.requests)
+            widen = max(_WIDEN_AFTER_S, 2 * self.mode.alone_seconds(step.requests))
+            started = time.perf_counter()
             result = step.run(
-                host, deadline, self._executor, self._threads, meanwhile=meanwhile, alone_s=alone_s
+                host,
+                deadline,
+                self._executor,
+                self._threads,
+                meanwhile=meanwhile,
+                alone_s=widen if alone else None,
             )
             if step.abandoned:
                 self._renew()
-            elif step.requests:
-                self._note_cost(step.cpu_seconds / step.requests)
+            elif not step.awaited_compiles:
+                self.mode.note(alone, time.perf_counter() - started, step.requests)
             return result
 
         return run
-
-    def cheap(self, requests: int) -> bool:
-        """A step of `requests` is expected to take one thread less than _SHARED_FROM_S
-        (never before a first step has been measured)."""
-        per_request = self._request_seconds
-        return per_request is not None and requests * per_request < _SHARED_FROM_S
-
-    def _note_cost(self, seconds: float) -> None:
-        known = self._request_seconds
-        self._request_seconds = (
-            seconds if known is None else known + _COST_WEIGHT * (seconds - known)
-        )
 
     def _renew(self) -> None:
         """A late step left threads inside matcher calls: fresh threads serve the next steps

@@ -164,7 +164,7 @@ def test_masks_do_not_depend_on_workers_order_or_company(
                 str(rid): first.bitmask[list(rows)]
                 for rid, rows in zip(first.request_ids, first.rows, strict=True)
             }
-            # later steps run with the pool's measured fill cost (one thread when cheap)
+            # later steps run in the thread mode the pool measured faster (one or all)
             again = pool.fill_async(batch).wait()
             for rid, entry_rows in zip(again.request_ids, again.rows, strict=True):
                 assert torch.equal(again.bitmask[list(entry_rows)], rows[str(rid)]), rid
@@ -306,16 +306,32 @@ def test_steps_in_flight_keep_their_own_numbers(
         assert [future.wait().step for future in futures] == [first + 1 + i for i in range(4)]
 
 
-def test_cheap_steps_keep_to_one_thread(
+def test_the_pool_times_both_thread_modes_and_keeps_the_faster() -> None:
+    """All threads first, then one, then whichever took less per request, the other tried
+    every EXPLORE_EVERY-th step; a step of one request always keeps to one thread."""
+    mode = grammarmask.pool._ThreadMode()
+    assert mode.alone(1) and mode.alone_seconds(10) == 0.0
+    assert mode.alone(8) is False
+    mode.note(False, 8e-3, 8)  # all threads: 1 ms a request
+    assert mode.alone(8) is True
+    mode.note(True, 4e-3, 8)  # one thread: 0.5 ms a request
+    choices = [mode.alone(8) for _ in range(3 * mode.EXPLORE_EVERY)]
+    assert choices.count(False) == 3  # one exploration per EXPLORE_EVERY steps
+    assert mode.alone_seconds(10) == pytest.approx(5e-3)
+    for _ in range(8):  # the traffic changes: one thread now takes 4 ms a request
+        mode.note(True, 32e-3, 8)
+    assert [mode.alone(8) for _ in range(mode.EXPLORE_EVERY)].count(True) == 1
+
+
+def test_steps_on_one_thread_or_on_all(
     deepseek: gm.Vocabulary,
     compiler: gm.GrammarCompiler,
     cases: dict[str, tuple[gm.Grammar, list[int]]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Once the pool has measured its fills, a step expected to cost less than
-    _SHARED_FROM_S is filled by one thread: the caller's in a synchronous fill; under
-    fill_async one fill thread, which the waiting caller may relieve; a costlier one starts
-    every fill thread. Same masks."""
+    """A step filled on one thread runs on the caller's in a synchronous fill and on one
+    fill thread under fill_async (which the waiting caller may relieve); on all threads it
+    starts every fill thread. Same masks."""
     grammar, ids = cases["person"]
     fillers: list[threading.Thread] = []
     submitted: list[object] = []
@@ -331,8 +347,10 @@ def test_cheap_steps_keep_to_one_thread(
             pool.add(f"r{k}", grammar)
             assert pool.commit(f"r{k}", ids[:k]).status == "active"
             batch.append((f"r{k}", ids[k : k + 2]))
-        expected = pool.fill(batch).bitmask.clone()  # the first step measures the fills
-        monkeypatch.setattr(grammarmask.pool, "_SHARED_FROM_S", 10.0)  # every step is cheap
+        expected = pool.fill(batch).bitmask.clone()
+        mode = pool._executor.mode  # type: ignore[attr-defined]
+        monkeypatch.setattr(mode, "alone", lambda requests: True)
+        monkeypatch.setattr(mode, "alone_seconds", lambda requests: 10.0)  # never widened
         monkeypatch.setattr(MatcherTable, "fill_rows", noted_fill_rows)
         executor = pool._executor._executor  # type: ignore[attr-defined]
         real_submit = executor.submit
@@ -345,7 +363,7 @@ def test_cheap_steps_keep_to_one_thread(
         one_thread = pool.fill_async(batch).wait().bitmask.clone()
         assert len(submitted) == 1
         assert len(set(fillers) - {threading.current_thread()}) <= 1
-        monkeypatch.setattr(grammarmask.pool, "_SHARED_FROM_S", 0.0)  # now none is
+        monkeypatch.setattr(mode, "alone", lambda requests: False)
         submitted.clear()
         shared = pool.fill_async(batch).wait().bitmask.clone()
         assert len(submitted) == 2

@@ -246,20 +246,23 @@ def test_a_late_request_fails_alone(
         assert pool.commit(rid, ids[3:4]) == thread_pool.commit(rid, ids[3:4])
 
 
-def test_a_hang_in_a_step_expected_to_be_cheap_holds_up_no_one(
-    deepseek: gm.Vocabulary, cases: dict[str, tuple[gm.Grammar, list[int]]]
+def test_a_hang_in_a_step_on_one_thread_holds_up_no_one(
+    deepseek: gm.Vocabulary,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A step the pool expects to be cheap starts on one fill thread; when a matcher hangs in
-    it, the other fill thread joins (after 2 * _SHARED_FROM_S) and fills the rest in time.
-    The hung fill writes its rows when it comes back, into a buffer nobody reads any more:
-    the step's masks keep its rows fail-closed."""
+    """A step the pool fills on one thread (the faster mode for its cheap steps) starts on
+    one fill thread; when a matcher hangs in it, the other fill thread joins (after
+    _WIDEN_AFTER_S) and fills the rest in time. The hung fill writes its rows when it comes
+    back, into a buffer nobody reads any more: the step's masks keep its rows fail-closed."""
     grammar, ids = cases["person"]
     with gm.MatcherPool(deepseek, workers=2, backend_factory=faulty_backends) as pool:
         healthy = [_add([pool], grammar, ids[:k]) for k in range(3)]
         layout = [(rid, ids[3:5]) for rid in healthy]
         want = [pool.fill(layout).bitmask.clone() for _ in range(2)][-1]
         late = _add([pool], grammar, [], "faulty-hang")
-        assert pool._executor.cheap(len(layout) + 1)  # type: ignore[attr-defined]
+        mode = pool._executor.mode  # type: ignore[attr-defined]
+        monkeypatch.setattr(mode, "alone", lambda requests: True)
         got = pool.fill_async([(late, []), *layout]).wait(timeout=1.0)
         assert got.failures == {late: "mask deadline exceeded"}
         assert torch.equal(got.bitmask[1:], want)
