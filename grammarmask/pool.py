@@ -82,27 +82,30 @@ class _ThreadMode:
     at B=64 D=0 with ~7 us fills 1.6x at 0.67 ms), and where the line falls depends on the
     machine and the fills. A threshold on an estimate of the step's CPU time locked into
     two threads near it: their contention inflated the estimate. So both modes are timed,
-    and every `EXPLORE_EVERY`-th step tries the one not chosen, to follow the traffic."""
+    and every `EXPLORE_EVERY`-th step tries the one not chosen, to follow the traffic.
+    Steps that waited for a compilation are not noted (their time says little)."""
 
     EXPLORE_EVERY = 16
+    WARM_UP = 3
+    """Steps of each mode taken in turn before choosing; the first of each is not counted
+    (a pool's first steps touch cold matchers, and a bench replays a point ~10 times)."""
     WEIGHT = 0.3
     """Of the last step, in each mode's running seconds per request."""
 
     def __init__(self) -> None:
         self._per_request: dict[bool, float] = {}
         """Alone (one thread)? -> recent seconds per request of a step's fill."""
+        self._taken = {False: 0, True: 0}
         self._steps = 0
 
     def alone(self, requests: int) -> bool:
-        """Fill the next step of `requests` on one thread? (All threads first, then one,
+        """Fill the next step of `requests` on one thread? (Both modes in turn at first,
         then the faster, with the other tried now and then.)"""
         if requests < 2:
             return True
         self._steps += 1
-        if False not in self._per_request:
-            return False
-        if True not in self._per_request:
-            return True
+        if min(self._taken.values()) < self.WARM_UP:
+            return self._taken[True] < self._taken[False]
         faster = self._per_request[True] <= self._per_request[False]
         return faster != (self._steps % self.EXPLORE_EVERY == 0)
 
@@ -113,12 +116,19 @@ class _ThreadMode:
     def note(self, alone: bool, seconds: float, requests: int) -> None:
         if requests < 2:
             return
+        self._taken[alone] += 1
+        if self._taken[alone] == 1:
+            return  # cold
         per_request = seconds / requests
         known = self._per_request.get(alone)
         self._per_request[alone] = (
             per_request if known is None else known + self.WEIGHT * (per_request - known)
         )
 
+
+SETTLING_STEPS = 2 * _ThreadMode.WARM_UP
+"""Steps a thread-isolated pool takes in both thread modes before it keeps to the faster:
+what a benchmark should run untimed first."""
 
 _WIDEN_AFTER_S = 2e-3
 """A step filled on one thread that is still running this long after it started, and twice

@@ -306,18 +306,36 @@ def test_steps_in_flight_keep_their_own_numbers(
         assert [future.wait().step for future in futures] == [first + 1 + i for i in range(4)]
 
 
+def _staggered(
+    pool: gm.MatcherPool, grammar: gm.Grammar, ids: list[int], count: int, *, drafts: int
+) -> list[tuple[str | None, list[int]]]:
+    """`count` requests r0.. of one instance, request k after its first k tokens, each with
+    its next `drafts` tokens as drafts: the batch of a step."""
+    batch: list[tuple[str | None, list[int]]] = []
+    for k in range(count):
+        pool.add(f"r{k}", grammar)
+        assert pool.commit(f"r{k}", ids[:k]).status == "active"
+        batch.append((f"r{k}", ids[k : k + drafts]))
+    return batch
+
+
 def test_the_pool_times_both_thread_modes_and_keeps_the_faster() -> None:
-    """All threads first, then one, then whichever took less per request, the other tried
-    every EXPLORE_EVERY-th step; a step of one request always keeps to one thread."""
+    """Both modes in turn first (the first step of each not counted), then whichever took
+    less per request, the other tried every EXPLORE_EVERY-th step; a step of one request
+    always keeps to one thread."""
     mode = grammarmask.pool._ThreadMode()
     assert mode.alone(1) and mode.alone_seconds(10) == 0.0
-    assert mode.alone(8) is False
-    mode.note(False, 8e-3, 8)  # all threads: 1 ms a request
-    assert mode.alone(8) is True
-    mode.note(True, 4e-3, 8)  # one thread: 0.5 ms a request
+    turns = []
+    for _ in range(2 * mode.WARM_UP):
+        alone = mode.alone(8)
+        turns.append(alone)
+        # one thread: 0.5 ms a request, all threads 1 ms; the cold first steps 10x that
+        seconds = (4e-3 if alone else 8e-3) * (10 if turns.count(alone) == 1 else 1)
+        mode.note(alone, seconds, 8)
+    assert turns == [False, True] * mode.WARM_UP
+    assert mode.alone_seconds(10) == pytest.approx(5e-3)
     choices = [mode.alone(8) for _ in range(3 * mode.EXPLORE_EVERY)]
     assert choices.count(False) == 3  # one exploration per EXPLORE_EVERY steps
-    assert mode.alone_seconds(10) == pytest.approx(5e-3)
     for _ in range(8):  # the traffic changes: one thread now takes 4 ms a request
         mode.note(True, 32e-3, 8)
     assert [mode.alone(8) for _ in range(mode.EXPLORE_EVERY)].count(True) == 1
@@ -342,11 +360,7 @@ def test_steps_on_one_thread_or_on_all(
         return real_fill_rows(table, *args)
 
     with _new_pool(deepseek, compiler, workers=2) as pool:
-        batch: list[tuple[str | None, list[int]]] = []
-        for k in range(6):
-            pool.add(f"r{k}", grammar)
-            assert pool.commit(f"r{k}", ids[:k]).status == "active"
-            batch.append((f"r{k}", ids[k : k + 2]))
+        batch = _staggered(pool, grammar, ids, 6, drafts=2)
         expected = pool.fill(batch).bitmask.clone()
         mode = pool._executor.mode  # type: ignore[attr-defined]
         monkeypatch.setattr(mode, "alone", lambda requests: True)
@@ -395,11 +409,7 @@ def test_the_thread_waiting_for_a_step_fills_too(
         return result
 
     with _new_pool(deepseek, compiler, workers=1) as pool:
-        batch: list[tuple[str | None, list[int]]] = []
-        for k in range(4):
-            pool.add(f"r{k}", grammar)
-            assert pool.commit(f"r{k}", ids[:k]).status == "active"
-            batch.append((f"r{k}", ids[k : k + 3]))
+        batch = _staggered(pool, grammar, ids, 4, drafts=3)
         expected = pool.fill(batch).bitmask.clone()
         monkeypatch.setattr(MatcherTable, "fill_rows", held_fill_rows)
         masks = pool.fill_async(batch).wait()

@@ -22,7 +22,7 @@ import torch
 import xgrammar
 
 from ..backends import words_per_row
-from ..pool import MatcherPool
+from ..pool import SETTLING_STEPS, MatcherPool
 from ..vocabulary import Vocabulary
 from .context import Bench, Outcome
 from .report import Row, Target, compare, interleave
@@ -148,7 +148,7 @@ def build_pool(
     workers: int,
     isolation: Literal["thread", "process"] = "thread",
 ) -> tuple[MatcherPool, list[tuple[str, tuple[int, ...]]]]:
-    """A pool whose requests sit at the plans' positions, warmed by one step; and the batch."""
+    """A pool whose requests sit at the plans' positions, warmed up; and the batch."""
     # worker processes compile for themselves (a compiler cannot move into them); the
     # warm-up step below waits for those compilations, so timing starts warm either way
     pool = MatcherPool(
@@ -165,7 +165,8 @@ def build_pool(
             pool.close()
             raise RuntimeError(f"replayed request r{index} is {state.status}: {state.reason}")
     batch = [(f"r{i}", plan.drafts) for i, plan in enumerate(plans)]
-    pool.fill(batch)
+    for _ in range(SETTLING_STEPS + 1):  # and past its choice of thread mode
+        pool.fill(batch)
     return pool, batch
 
 
