@@ -468,8 +468,7 @@ class StepFill:
                 self._drains += 1
             self._start_drains()
             deadline.helper = self.help
-            deadline.started = True
-            self._condition.notify_all()
+            deadline.mark_started()  # the same (reentrant) condition
         if meanwhile is not None:
             meanwhile()
         if deadline.never:

@@ -85,7 +85,7 @@ class Bench:
                 self.compiler(name),
                 load_encoder(name),
                 random.Random(self.config.seed),
-                names=pinned_names(self.config.size, name),
+                names=pinned_names(),
             )
             self._bar.set_description(self._label)
         return self._instances[name]

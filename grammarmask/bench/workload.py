@@ -6,10 +6,11 @@ instance (structural and inside-string positions mix as in real traffic) and its
 the instance's next tokens, so every draft is accepted: the most rows to fill.
 
 Which schemas a run uses is pinned (`instances.json`, by MaskBench file name, for the
-shared corpus): a search that skips the schemas still compiling after a few seconds picked
-other ones on a loaded machine, and runs then replayed other traffic (fills cost 8 us at
-the median position and up to 1.3 ms inside some strings, so the draws move a step's time
-by more than any change to the pool). A corpus without the pinned names is searched.
+shared corpus; a run of n schemas takes the first n): a search that skips the schemas still
+compiling after a few seconds picked other ones on a loaded machine, and runs then replayed
+other traffic (fills cost 8 us at the median position and up to 1.3 ms inside some strings,
+so the draws move a step's time by more than any change to the pool). A corpus without the
+pinned names is searched.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ class Replay:
     drafts: tuple[int, ...]
 
 
-def pinned_names(size: str, vocab: str) -> list[str] | None:
-    """The MaskBench names a run of this size uses on this vocabulary, if pinned."""
+def pinned_names() -> list[str]:
+    """The MaskBench names runs replay, in order: a run of n schemas takes the first n."""
     document = json.loads(files("grammarmask.bench").joinpath("instances.json").read_text())
-    names: list[str] | None = document.get(size, {}).get(vocab)
+    names: list[str] = document["names"]
     return names
 
 
@@ -113,15 +114,16 @@ def _named(
     corpus: Path, names: Sequence[str], compiler: GrammarCompiler, encode: Encoder
 ) -> list[Instance] | None:
     """The pinned instances, or None if this corpus lacks one or it no longer replays."""
-    paths = [corpus / f"{name}.json" for name in names]
-    if not all(path.is_file() for path in paths):
-        return None
-    loaded = [_maskbench(path) for path in paths]
-    if any(found is None for found in loaded):
-        return None
+    loaded = []
+    for name in names:
+        path = corpus / f"{name}.json"
+        found = _maskbench(path) if path.is_file() else None
+        if found is None:
+            return None
+        loaded.append((name, *found))
     pending = [
         (name, compiler.submit(Grammar.json_schema(schema), "xgrammar"), text)
-        for name, (schema, text) in zip(names, filter(None, loaded), strict=True)
+        for name, schema, text in loaded
     ]
     chosen = []
     for name, future, text in pending:
