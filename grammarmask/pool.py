@@ -20,6 +20,7 @@ the rows in both, behind the small `_Executor` interface below.
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -238,6 +239,9 @@ class MaskFuture:
         masks: StepMasks = self._transfer.join_then_wait(self._result, self._consumer)
         return masks
 
+
+_NONE_VALID = itertools.repeat(0)
+"""The valid rows of an entry without an outcome (one without grammar)."""
 
 _Job = tuple[MaskFuture, StepPlan, int, StepRun, Deadline, Any]
 """A fill_async step for the step thread: its future, plan, number, run, deadline and
@@ -478,7 +482,7 @@ class MatcherPool:
             is_verify=metadata.is_verify,
             request_ids=plan.request_ids,
             rows=plan.rows,
-            valid_rows=tuple(result.valid.get(i, 0) for i in range(len(plan.request_ids))),
+            valid_rows=tuple(map(result.valid.get, range(len(plan.request_ids)), _NONE_VALID)),
             vocab_size=self.vocab.size,
             step=step,
             failures=result.failures,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy
 import pytest
 import torch
 from conftest import bundled_examples, ids_in_row
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 import grammarmask as gm
 import grammarmask.pool
 from grammarmask.matchers import MatcherTable
-from grammarmask.steps import StepPlan
+from grammarmask.steps import BatchError, StepPlan, _entries_one_by_one
 
 NAMES = [
     "person",
@@ -443,6 +445,46 @@ def test_lifecycle_states(
         assert _stop_only(deepseek, masks.bitmask[0])
         again = pool.fill([("ghost", [])]).failures  # no record kept: refused every step
         assert "add() it before its first step" in again["ghost"]
+
+
+_MESSY_IDS = st.sampled_from([None, "a", "b", "c", ["unhashable"], 3])
+_MESSY_DRAFTS = st.one_of(
+    st.lists(st.one_of(st.integers(0, 9), st.sampled_from([True, 2.5, "7", numpy.int64(4)]))),
+    st.lists(st.integers(0, 9)).map(tuple),
+    st.lists(st.integers(0, 9)).map(lambda ids: torch.tensor(ids, dtype=torch.int64)),
+    st.sampled_from(["12", 5, None]),
+)
+_MESSY_ENTRIES = st.one_of(
+    st.tuples(_MESSY_IDS, _MESSY_DRAFTS),
+    st.tuples(_MESSY_IDS, _MESSY_DRAFTS).map(list),
+    st.sampled_from(["ab", ("a",), ("a", [], [])]),
+)
+
+
+@given(batch=st.lists(_MESSY_ENTRIES, max_size=5), max_drafts=st.integers(0, 4))
+def test_whole_batch_checks_agree_with_checking_entry_by_entry(
+    batch: list[Any], max_drafts: int
+) -> None:
+    """StepPlan.build checks a batch in whole-batch passes and hands anything unusual to the
+    entry-by-entry checks that name it: both take the same batches, to the same ids and
+    drafts (integers only, nothing truncated), and refuse the same ones."""
+    try:
+        ids, drafts = _entries_one_by_one(batch, max_drafts)
+    except BatchError as refusal:
+        with pytest.raises(BatchError) as raised:
+            StepPlan.build(batch, max_drafts=max_drafts)
+        assert str(raised.value) == str(refusal)
+        return
+    plan = StepPlan.build(batch, max_drafts=max_drafts)
+    assert (plan.request_ids, plan.drafts) == (ids, drafts)
+    assert all(type(token) is int for entry in plan.drafts for token in entry)
+    assert plan.counts == tuple(len(d) + 1 for d in drafts)
+    assert [list(rows) for rows in plan.rows] == [
+        list(range(start, start + count))
+        for start, count in zip(
+            itertools.accumulate(plan.counts, initial=0), plan.counts, strict=False
+        )
+    ]
 
 
 @given(data=st.data())

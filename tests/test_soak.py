@@ -189,7 +189,8 @@ class Soak:
 
         batch = []
         for slot in self.slots:
-            count = self.rng.randint(0, MAX_DRAFTS)
+            # a rollback happens only where drafts are tried: a one-row step has none
+            count = self.rng.randint(int(slot.fault == "rollback"), MAX_DRAFTS)
             drafts = list(slot.ids[slot.position : slot.position + count])
             if drafts and self.rng.random() < 0.2:
                 drafts[self.rng.randrange(len(drafts))] = self.rng.randrange(self.vocab.size)

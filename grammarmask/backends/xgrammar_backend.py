@@ -144,7 +144,8 @@ class XGrammarMatcher(Matcher):
             bitmask[row].numpy()[:] = self._filter.stop_only
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self._after_lead():
+        ends_with_lead = self._ends_with_lead
+        if ends_with_lead and ends_with_lead[-1]:  # not _after_lead(): the hot path
             words = bitmask[row].numpy()
             words &= self._filter.after_lead
 
