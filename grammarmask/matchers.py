@@ -146,7 +146,7 @@ class Deadline:
             helper()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Request:
     request_id: RequestId
     grammar: Grammar | None

@@ -25,6 +25,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol, cast
@@ -87,15 +88,21 @@ class _ThreadMode:
     Steps that waited for a compilation are not noted (their time says little)."""
 
     EXPLORE_EVERY = 16
-    WARM_UP = 3
+    WARM_UP = 4
     """Steps of each mode taken in turn before choosing; the first of each is not counted
     (a pool's first steps touch cold matchers, and a bench replays a point ~10 times)."""
-    WEIGHT = 0.3
-    """Of the last step, in each mode's running seconds per request."""
+    RECENT = 5
+    """Steps of each mode whose median time per request stands for it: on a shared VM whose
+    speed drifts, a running mean flipped to the slower mode after two slow steps (B=256
+    D=5: 32 ms on one thread against 20 ms on two)."""
 
     def __init__(self) -> None:
+        self._recent: dict[bool, deque[float]] = {
+            mode: deque(maxlen=self.RECENT) for mode in (False, True)
+        }
+        """Alone (one thread)? -> seconds per request of its recent steps' fills."""
         self._per_request: dict[bool, float] = {}
-        """Alone (one thread)? -> recent seconds per request of a step's fill."""
+        """Alone? -> the median of `_recent`."""
         self._taken = {False: 0, True: 0}
         self._steps = 0
 
@@ -120,11 +127,9 @@ class _ThreadMode:
         self._taken[alone] += 1
         if self._taken[alone] == 1:
             return  # cold
-        per_request = seconds / requests
-        known = self._per_request.get(alone)
-        self._per_request[alone] = (
-            per_request if known is None else known + self.WEIGHT * (per_request - known)
-        )
+        recent = self._recent[alone]
+        recent.append(seconds / requests)
+        self._per_request[alone] = sorted(recent)[len(recent) // 2]
 
 
 SETTLING_STEPS = 2 * _ThreadMode.WARM_UP

@@ -68,6 +68,8 @@ class Matcher(ABC):
     tokens, so drafts can be tried and withdrawn.
     """
 
+    __slots__ = ()  # subclasses may keep theirs in slots: a step reads them per request
+
     @abstractmethod
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (and no change) if the grammar forbids it."""

@@ -33,7 +33,7 @@ def _has_surrogate(token: bytes) -> bool:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TokenFilter:
     """Tokens a grammar must never allow whatever xgrammar says.
 
@@ -106,6 +106,8 @@ class _Dialect:
 class XGrammarMatcher(Matcher):
     """Rows are handled as numpy views: on one row, a torch call's dispatch costs several
     times the numpy operation (~8 vs ~1.5 us here)."""
+
+    __slots__ = ("_ends_with_lead", "_filter", "_matcher", "_stopped", "_stops")
 
     def __init__(
         self,
