@@ -75,8 +75,8 @@ class FillEntry(NamedTuple):
 
 
 def fill_entries(plan: StepPlan) -> list[FillEntry]:
-    """The step's entries that have a grammar (built where the step is filled: on a 2-core
-    machine, ~0.1 ms at B=64 that fill_async's caller no longer spends)."""
+    """The step's entries that have a grammar, one record each (what a worker process is
+    sent)."""
     return [
         FillEntry(position, request_id, drafts, rows, block)
         for position, request_id, drafts, rows, block in zip(
@@ -84,6 +84,43 @@ def fill_entries(plan: StepPlan) -> list[FillEntry]:
         )
         if request_id is not None
     ]
+
+
+class StepEntries(NamedTuple):
+    """The step's entries that have a grammar, field by field: in the usual step (every
+    entry has one) these are the plan's own tuples, so a step in this process builds
+    nothing per request (a FillEntry each cost ~0.5 us, ~1 us with the caches cold)."""
+
+    positions: Sequence[int]
+    request_ids: Sequence[RequestId]
+    drafts: Sequence[tuple[int, ...]]
+    rows: Sequence[tuple[int, ...]]
+    blocks: Sequence[slice | None]
+
+    @classmethod
+    def of_plan(cls, plan: StepPlan) -> StepEntries:
+        ids = plan.request_ids
+        if None not in ids:
+            return cls(
+                range(len(ids)),
+                cast(tuple[RequestId, ...], ids),
+                plan.drafts,
+                plan.rows,
+                plan.blocks,
+            )
+        kept = [position for position, request_id in enumerate(ids) if request_id is not None]
+        blocks = plan.blocks
+        return cls(
+            kept,
+            [cast(RequestId, ids[i]) for i in kept],
+            [plan.drafts[i] for i in kept],
+            [plan.rows[i] for i in kept],
+            [blocks[i] for i in kept],
+        )
+
+    @classmethod
+    def of(cls, entries: Sequence[FillEntry]) -> StepEntries:
+        return cls(*(zip(*entries, strict=True) if entries else ((),) * 5))
 
 
 @dataclass
@@ -293,12 +330,11 @@ class MatcherTable:
         return rows[:count]
 
     def fill_rows(
-        self, request: _Request, entry: FillEntry, target: torch.Tensor, first: int
+        self, request: _Request, drafts: tuple[int, ...], target: torch.Tensor, first: int
     ) -> tuple[int, str | None]:
-        """One request's rows into `target[first : first + len(entry.rows)]`: (valid rows,
+        """One request's rows into `target[first : first + len(drafts) + 1]`: (valid rows,
         reason if it failed now). The matcher gets the whole of `target` with its row
         numbers: a view per request cost more than the rest of a D=0 request's Python."""
-        drafts = entry.drafts
         end = first + len(drafts) + 1
         if request.status == "failed":  # checked before the lock: a late fill may hold it
             target[first:end] = self.stop_row
@@ -410,12 +446,15 @@ class StepFill:
     """
 
     def __init__(
-        self, table: MatcherTable, entries: Sequence[FillEntry], requests: Sequence[_Request]
+        self, table: MatcherTable, entries: StepEntries, requests: Sequence[_Request]
     ) -> None:
+        if len(requests) != len(entries.positions):
+            raise ValueError(f"{len(requests)} requests for {len(entries.positions)} entries")
         self._table = table
-        self._pairs = list(zip(requests, entries, strict=True))
+        self._entries = entries
+        self._requests = requests
         self._claims = itertools.count()
-        """`next()` claims the request at that index of `_pairs` (past the end: none)."""
+        """`next()` claims the request at that index (past the end: none)."""
         self._retry: deque[int] = deque()
         """Indices back from waiting for their compilation."""
         self._outcomes: dict[int, tuple[int, str | None] | object] = {}
@@ -441,7 +480,7 @@ class StepFill:
 
     @property
     def requests(self) -> int:
-        return len(self._pairs)
+        return len(self._requests)
 
     def run(
         self,
@@ -473,7 +512,7 @@ class StepFill:
             return self.result
         widen_at = None if alone_s is None else time.monotonic() + alone_s
         self._executor, self._threads = executor, threads if widen_at is None else 1
-        total = len(self._pairs)
+        total = len(self._requests)
         with self._condition:
             if deadline.never:
                 self._drains += 1
@@ -506,27 +545,30 @@ class StepFill:
         Requests whose grammar still compiles come last, so the others do not wait for them
         (each then waits up to its compile timeout)."""
         compiling = self._table.compiling
-        later = [pair for pair in self._pairs if pair[0].matcher is None and compiling(pair[0])]
+        requests = self._requests
+        later = [
+            i
+            for i, request in enumerate(requests)
+            if request.matcher is None and compiling(request)
+        ]
         self.awaited_compiles = bool(later)
-        order = self._pairs if not later else [*(p for p in self._pairs if p not in later), *later]
+        order: Sequence[int] = range(len(requests))
+        if later:
+            order = [*(i for i in order if i not in later), *later]
         valid, failures, progress = self.result.valid, self.result.failures, self._progress
-        fill_rows, slot = self._table.fill_rows, self._slot
-        for request, entry in order:
-            block = entry.block  # a run of rows (as always in the default layout): no scratch
-            valid[entry.position], failure = (
-                fill_rows(request, entry, slot, block.start)
-                if block is not None
-                else self._fill(request, entry)
-            )
+        positions, request_ids = self._entries.positions, self._entries.request_ids
+        for index in order:
+            position = positions[index]
+            valid[position], failure = self._fill(index)
             if failure is not None:
-                failures[entry.request_id] = failure
+                failures[request_ids[index]] = failure
             if progress is not None:
-                progress[entry.position] = -1 if failure is not None else valid[entry.position]
+                progress[position] = -1 if failure is not None else valid[position]
 
     def _start_drains(self) -> None:
         """Enough tasks for what is left, at most `threads` (condition held)."""
         assert self._executor is not None
-        left = len(self._pairs) - len(self._outcomes) - len(self._compiling)
+        left = len(self._requests) - len(self._outcomes) - len(self._compiling)
         while self._drains < min(self._threads, left):
             self._drains += 1
             self._executor.submit(self._drain)
@@ -538,7 +580,7 @@ class StepFill:
         often both put on the core the engine's thread was leaving, and a step took the
         time of one thread (B=64 D=5: 1.0x the naive loop, against 0.6x synchronously)."""
         with self._condition:
-            if self._closed or len(self._outcomes) == len(self._pairs):
+            if self._closed or len(self._outcomes) == len(self._requests):
                 return
             self._drains += 1
             self._helpers += 1
@@ -547,7 +589,7 @@ class StepFill:
     def _drain(self, *, helper: bool = False) -> None:
         """Fill requests until none is left to claim. A fill thread's drain stops early when
         a helper has taken its place."""
-        pairs, outcomes, total = self._pairs, self._outcomes, len(self._pairs)
+        requests, outcomes, total = self._requests, self._outcomes, len(self._requests)
         claims, retry, progress = self._claims, self._retry, self._progress
         while True:
             if self._closed or self._replaced(helper):  # read freely, then confirmed
@@ -562,15 +604,15 @@ class StepFill:
                         self._leave(helper)
                         return
                     index = retry.popleft()
-            request, entry = pairs[index]
+            request = requests[index]
             if request.matcher is None and self._park(index, request):
                 continue
-            outcome = self._fill(request, entry)
+            outcome = self._fill(index)
             if outcomes.setdefault(index, outcome) is not outcome:
                 continue  # late: the step went on without it
             if progress is not None:
                 valid, failure = outcome
-                progress[entry.position] = -1 if failure is not None else valid
+                progress[self._entries.positions[index]] = -1 if failure is not None else valid
             if len(outcomes) == total:
                 with self._condition:
                     self._condition.notify_all()
@@ -597,15 +639,17 @@ class StepFill:
         compiling.add_done_callback(functools.partial(_requeue_compiled, weakref.ref(self), index))
         return True
 
-    def _fill(self, request: _Request, entry: FillEntry) -> tuple[int, str | None]:
-        """One request's rows: straight into the slot when they are a run, else through
-        this thread's scratch rows."""
-        block = entry.block
+    def _fill(self, index: int) -> tuple[int, str | None]:
+        """One request's rows: straight into the slot when they are a run (as always in
+        the default layout), else through this thread's scratch rows."""
+        entries = self._entries
+        request, drafts, block = self._requests[index], entries.drafts[index], entries.blocks[index]
         if block is not None:
-            return self._table.fill_rows(request, entry, self._slot, block.start)
-        scratch = self._table.scratch_rows(len(entry.rows))
-        outcome = self._table.fill_rows(request, entry, scratch, 0)
-        self._slot[list(entry.rows)] = scratch
+            return self._table.fill_rows(request, drafts, self._slot, block.start)
+        rows = entries.rows[index]
+        scratch = self._table.scratch_rows(len(rows))
+        outcome = self._table.fill_rows(request, drafts, scratch, 0)
+        self._slot[list(rows)] = scratch
         return outcome
 
     def compiled(self, index: int) -> None:
@@ -631,33 +675,32 @@ class StepFill:
 
     def _collect(self) -> None:
         """The filled requests' outcomes into the result (those past the deadline are in)."""
-        valid, failures, pairs = self.result.valid, self.result.failures, self._pairs
+        valid, failures = self.result.valid, self.result.failures
+        positions, request_ids = self._entries.positions, self._entries.request_ids
         for index, outcome in self._outcomes.items():
             if outcome is not _LATE:
-                entry = pairs[index][1]
-                valid[entry.position], failure = cast(tuple[int, str | None], outcome)
+                valid[positions[index]], failure = cast(tuple[int, str | None], outcome)
                 if failure is not None:
-                    failures[entry.request_id] = failure
+                    failures[request_ids[index]] = failure
 
     def _close_late(self) -> None:
         """Past the deadline (condition held): every request not done fails alone. Threads
         still filling write into the slot they were given: the step's rows move to a copy."""
         self._closed = True
         self.abandoned = self._drains
-        late = [
-            pair
-            for index, pair in enumerate(self._pairs)
-            if self._outcomes.setdefault(index, _LATE) is _LATE
-        ]
+        outcomes = self._outcomes
+        late = [i for i in range(len(self._requests)) if outcomes.setdefault(i, _LATE) is _LATE]
         host = self._slot
         if late and self.abandoned:
             host = self.result.host = self._slot.clone()
-        for request, entry in late:
-            host[list(entry.rows)] = self._table.stop_row
-            self.result.valid[entry.position] = 1
+        entries = self._entries
+        for index in late:
+            host[list(entries.rows[index])] = self._table.stop_row
+            self.result.valid[entries.positions[index]] = 1
+            request = self._requests[index]
             if request.status != "failed":
                 request.fail(DEADLINE_REASON)
-                self.result.failures[entry.request_id] = DEADLINE_REASON
+                self.result.failures[entries.request_ids[index]] = DEADLINE_REASON
 
 
 _LATE = object()

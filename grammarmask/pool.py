@@ -44,9 +44,9 @@ from .matchers import (
     RequestFault,
     RequestState,
     Status,
+    StepEntries,
     StepFill,
     StepRun,
-    fill_entries,
 )
 from .steps import DEFAULT_MAX_DRAFTS, BatchEntry, BatchError, RequestId, StepMasks, StepPlan
 from .transfer import CudaOps, DeviceOps, MaskTransfer
@@ -165,7 +165,7 @@ class _ThreadExecutor(MatcherTable):
         def run(
             slot: int, host: torch.Tensor, deadline: Deadline, meanwhile: Callable[[], object]
         ) -> FillResult:
-            step = StepFill(self, fill_entries(plan), requests)
+            step = StepFill(self, StepEntries.of_plan(plan), requests)
             alone = self._threads == 1 or self.mode.alone(step.requests)
             widen = max(_WIDEN_AFTER_S, 2 * self.mode.alone_seconds(step.requests))
             started = time.perf_counter()

@@ -47,6 +47,7 @@ from .matchers import (
     MatcherTable,
     RequestFault,
     RequestState,
+    StepEntries,
     StepFill,
     StepRun,
     fill_entries,
@@ -133,7 +134,8 @@ def _worker_main(
         if kind == "fill":
             _, slot, entries = message
             conn.send(("begin",))
-            step = StepFill(table, entries, table.lookup([e.request_id for e in entries]))
+            requests = table.lookup([e.request_id for e in entries])
+            step = StepFill(table, StepEntries.of(entries), requests)
             fixed = Deadline(None, fixed=True)  # the parent enforces deadlines: it kills
             conn.send(step.run(host[slot], fixed, threads, _FILL_THREADS, progress[slot]))
         elif kind == "commit":
