@@ -94,6 +94,32 @@ def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
+def test_cold_caches_evict_before_every_timed_fill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cold-caches streams a buffer twice the last-level cache before each timed call of
+    every fill variant (untimed), and says so in the points and the JSON."""
+    flushes: list[int] = []
+    real_flush = Bench.flush_caches
+
+    def counted(bench: Bench) -> None:
+        real_flush(bench)
+        assert bench._flush_buffer is not None
+        flushes.append(bench._flush_buffer.numel() * 4)
+
+    monkeypatch.setattr(Bench, "flush_caches", counted)
+    out = tmp_path / "cold.json"
+    argv = ["bench", "fill", "--tiny", "--repeats", "3", "--corpus", "bundled", "--cold-caches"]
+    assert main([*argv, "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["meta"]["cold_caches"] is True
+    fill = document["rows"]
+    assert fill and all(row["point"].endswith(", cold") for row in fill)
+    variants = {row["variant"] for row in fill}
+    assert len(flushes) == 3 * len(variants)
+    assert min(flushes) >= 2 * (1 << 20)  # at least twice a (small) last-level cache
+
+
 @pytest.mark.slow
 def test_e2e_on_the_real_model() -> None:
     rows, _ = run_bench(["e2e"], BenchConfig("tiny", 1), progress=False)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from ..compiler import GrammarCompiler
@@ -26,6 +27,10 @@ class BenchConfig:
     repeats: int = 20
     corpus: Path | None = None
     seed: int = 0
+    cold_caches: bool = False
+    """Stream twice the last-level cache before every timed fill, as an engine's forward
+    would between steps: the variants then start equally cold (otherwise the raw variants,
+    which share one set of matchers, warm each other's caches and each pool only its own)."""
 
     def pick(self, tiny: Any, quick: Any, full: Any) -> Any:
         """The value of a knob for this run's size."""
@@ -52,6 +57,7 @@ class Bench:
         self._vocabs: dict[str, Vocabulary] = {}
         self._compilers: dict[str, GrammarCompiler] = {}
         self._instances: dict[str, list[Instance]] = {}
+        self._flush_buffer: torch.Tensor | None = None
 
     def plan(self, ticks: int, what: str) -> None:
         """Announce `ticks` more units of work, labelled `what`."""
@@ -62,6 +68,12 @@ class Bench:
 
     def tick(self) -> None:
         self._bar.update(1)
+
+    def flush_caches(self) -> None:
+        """Evict the CPU caches (see BenchConfig.cold_caches)."""
+        if self._flush_buffer is None:
+            self._flush_buffer = torch.ones(2 * _last_level_cache_bytes() // 4)
+        self._flush_buffer.mul_(1.0)
 
     def vocab(self, name: str) -> Vocabulary:
         if name not in self._vocabs:
@@ -101,3 +113,19 @@ class Bench:
         self._bar.close()
         for compiler in self._compilers.values():
             compiler.close()
+
+
+_CACHE_FALLBACK_BYTES = 32 << 20
+
+
+def _last_level_cache_bytes() -> int:
+    """The largest CPU cache Linux reports (its size file, e.g. "32768K"); 32 MiB where none
+    is reported."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=_CACHE_FALLBACK_BYTES)

@@ -208,11 +208,12 @@ def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> li
     }
     masks = {name: run().clone() for name, run in runs.items()}
     _check_masks(masks.pop(NAIVE), masks)
-    timings = interleave(runs, config.repeats, bench.rng, bench.tick)
+    flush = dict.fromkeys(runs, bench.flush_caches) if config.cold_caches else None
+    timings = interleave(runs, config.repeats, bench.rng, bench.tick, flush)
     raw.close()
     for pool, _ in pools.values():
         pool.close()
-    point = f"{vocab_name} B={requests} D={drafts}"
+    point = f"{vocab_name} B={requests} D={drafts}" + (", cold" if config.cold_caches else "")
     rows = compare("fill", point, timings, NAIVE)
     ratios = {r.variant: r.ratio_p50 or 0.0 for r in rows}
     best = min(v for k, v in ratios.items() if not k.startswith("pool") and k != SPLIT)

@@ -98,6 +98,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="cuda: run the cuda scenario (fill with the side-stream copy, apply on the GPU)",
     )
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--cold-caches",
+        action="store_true",
+        help="fill: evict the CPU caches before every timed call, as a forward would",
+    )
     bench.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
     bench.add_argument(
         "--plot", type=Path, metavar="DIR", help="write PNG charts (needs matplotlib)"
@@ -139,7 +144,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if repeats < 1:
         print(f"error: --repeats must be at least 1, not {repeats}", file=sys.stderr)
         return 2
-    config = BenchConfig(size, repeats, corpus, args.seed)
+    config = BenchConfig(size, repeats, corpus, args.seed, args.cold_caches)
     print(f"corpus: {corpus or 'bundled schemas'}; {machine()}", file=sys.stderr)
     started = time.perf_counter()
     rows, outcomes = run_bench(names, config)
@@ -150,6 +155,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "size": size,
         "repeats": repeats,
         "corpus": str(corpus) if corpus else None,
+        "cold_caches": args.cold_caches,
         "seconds": round(time.perf_counter() - started, 1),
     }
     if args.json is not None:
