@@ -349,7 +349,7 @@ class MatcherTable:
             try:
                 if not drafts:  # a decode step without speculation: one row
                     matcher.fill(target, first)
-                    return _ONE_ROW
+                    return 1, None
                 self._check_tokens(drafts, "draft")
                 accepted = matcher.fill_drafts(target, range(first, end), drafts)
             except Exception as exc:  # isolation: whatever one matcher does stays with it
@@ -707,8 +707,6 @@ _LATE = object()
 """The outcome of a request the step closed without (see StepFill._close_late)."""
 
 
-_ONE_ROW: tuple[int, str | None] = (1, None)
-"""The outcome of a one-row fill that went well."""
 _NO_HOST = torch.empty(0, dtype=torch.int32)
 _NO_CONDITION = threading.Condition()
 

@@ -155,7 +155,7 @@ class _ThreadExecutor(MatcherTable):
 
     def begin(self, plan: StepPlan) -> StepRun:
         ids = plan.request_ids
-        named = (
+        named = (  # the ids alone: the step's entries are built on the fill thread
             cast(tuple[RequestId, ...], ids)
             if None not in ids
             else [rid for rid in ids if rid is not None]
