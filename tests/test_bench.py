@@ -83,6 +83,14 @@ def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
     }
     targeted = {"pool, 1 worker", "pool, 2 workers"}
     assert all(r["target"] is not None for r in fill if r["variant"] in targeted)
+    reference = {r["point"]: r["ratio_p50"] for r in fill if r["variant"].endswith("(reference)")}
+    two_workers = [r for r in fill if r["variant"].startswith("pool, 2 workers")]
+    assert len(two_workers) == 2 * len(reference) > 0
+    for row in two_workers:  # how far from what two threads give here, in the same run
+        assert row["extra"]["x_reference"] == pytest.approx(
+            row["ratio_p50"] / reference[row["point"]]
+        )
+    assert all(not r["extra"] for r in fill if not r["variant"].startswith("pool, 2 workers"))
     apply = [r for r in rows if r["variant"] == "grammarmask apply_bitmask"]
     assert len(apply) == 2 and all(r["target"] == "<= 1.5" for r in apply)
     cuda = [r for r in rows if r["scenario"] == "cuda"]
