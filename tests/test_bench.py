@@ -14,7 +14,16 @@ import pytest
 import grammarmask as gm
 from grammarmask.bench import SCENARIOS, BenchConfig, run_bench
 from grammarmask.bench.context import Bench
-from grammarmask.bench.report import RESULT_SCHEMA, Target, compare, interleave, percentile, table
+from grammarmask.bench.fill import NAIVE, SPLIT, GridCell, fill_grid
+from grammarmask.bench.report import (
+    RESULT_SCHEMA,
+    Row,
+    Target,
+    compare,
+    interleave,
+    percentile,
+    table,
+)
 from grammarmask.bench.workload import pick_instances
 from grammarmask.cli import main
 from grammarmask.conformance import bundled_sample_dir
@@ -98,8 +107,39 @@ def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
     isolation = [r for r in rows if r["scenario"] == "isolation"]
     assert any(r["variant"] == "pool, process isolation" for r in isolation)
     names = {p.name for p in plots.iterdir()}
-    assert names >= {"fill.png", "apply.png", "overlap.png", "compile.png", "overlap_timeline.png"}
+    assert names >= {
+        "fill.png",
+        "fill_grid.png",
+        "apply.png",
+        "overlap.png",
+        "compile.png",
+        "overlap_timeline.png",
+    }
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+def test_fill_grid_sets_the_two_worker_pool_against_the_best_variant_an_engine_would_use() -> None:
+    """Neither the reference nor the other pools count as "the best other"; cold runs get
+    their own grid; rows of other scenarios and points without the pool are left out."""
+
+    def row(point: str, variant: str, ratio: float, scenario: str = "fill") -> Row:
+        return Row(scenario, point, variant, NAIVE, ratio_p50=ratio, target=Target("<=", 0.7))
+
+    rows = [
+        row("qwen B=64 D=5", NAIVE, 1.0),
+        row("qwen B=64 D=5", SPLIT, 0.5),
+        row("qwen B=64 D=5", "xgrammar batch matcher (2 threads)", 0.8),
+        row("qwen B=64 D=5", "pool, 1 worker", 0.55),
+        row("qwen B=64 D=5", "pool, 2 workers", 0.6),
+        row("qwen B=64 D=5, cold", NAIVE, 1.0),
+        row("qwen B=64 D=5, cold", "pool, 2 workers", 1.2),
+        row("qwen B=16 D=0", NAIVE, 1.0),
+        row("deepseek B=64 D=5", "pool, 2 workers", 0.6, scenario="isolation"),
+    ]
+    grids = fill_grid(rows)
+    assert set(grids) == {"qwen", "qwen, cold"}
+    assert grids["qwen"] == {(64, 5): GridCell(pytest.approx(0.75), 0.6, True)}
+    assert grids["qwen, cold"] == {(64, 5): GridCell(pytest.approx(1.2), 1.2, False)}
 
 
 def test_cold_caches_evict_before_every_timed_fill(

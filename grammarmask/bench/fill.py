@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import xgrammar
@@ -220,7 +221,7 @@ def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> li
     point = f"{vocab_name} B={requests} D={drafts}" + (", cold" if config.cold_caches else "")
     rows = compare("fill", point, timings, NAIVE)
     ratios = {r.variant: r.ratio_p50 or 0.0 for r in rows}
-    best = min(v for k, v in ratios.items() if not k.startswith("pool") and k != SPLIT)
+    best = best_other(ratios)
     best_single = min(ratios[NAIVE], ratios["xgrammar draft tree (1 thread)"])
     goal = min(best, POOL_TARGET) if requests >= 64 and drafts == 5 else best
     targets = {"pool, 1 worker": best_single, "pool, 2 workers": goal}
@@ -235,6 +236,45 @@ def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> li
         )
         for r in rows
     ]
+
+
+def best_other(ratios: Mapping[str, float]) -> float:
+    """The best ratio among the variants an engine author would otherwise use: neither a
+    pool nor the reference."""
+    return min(v for k, v in ratios.items() if not k.startswith("pool") and k != SPLIT)
+
+
+class GridCell(NamedTuple):
+    """The pool with 2 workers at one point of the fill grid."""
+
+    over_best: float
+    """Its time over the best other variant's (below 1: the pool is faster)."""
+    over_naive: float
+    met: bool | None
+
+
+_POINT = re.compile(r"^(?P<vocab>\S+) B=(?P<requests>\d+) D=(?P<drafts>\d+)(?P<cold>, cold)?$")
+
+
+def fill_grid(rows: Iterable[Row]) -> dict[str, dict[tuple[int, int], GridCell]]:
+    """The fill rows as one grid per vocabulary (", cold" appended for --cold-caches runs):
+    (B, D) -> the pool with 2 workers against the others at that point."""
+    points: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.scenario == "fill" and row.ratio_p50 is not None:
+            points.setdefault(row.point, []).append(row)
+    grids: dict[str, dict[tuple[int, int], GridCell]] = {}
+    for point, point_rows in points.items():
+        found = _POINT.match(point)
+        pool = next((r for r in point_rows if r.variant == "pool, 2 workers"), None)
+        if found is None or pool is None or pool.ratio_p50 is None:
+            continue
+        ratios = {r.variant: r.ratio_p50 or 0.0 for r in point_rows}
+        grid = grids.setdefault(found["vocab"] + (found["cold"] or ""), {})
+        grid[int(found["requests"]), int(found["drafts"])] = GridCell(
+            pool.ratio_p50 / best_other(ratios), pool.ratio_p50, pool.met
+        )
+    return grids
 
 
 def run_fill(bench: Bench) -> Outcome:

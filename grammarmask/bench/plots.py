@@ -1,12 +1,14 @@
-"""PNG charts of a run (matplotlib, the `plot` extra): one ratio chart per scenario and the
-overlap timeline."""
+"""PNG charts of a run (matplotlib, the `plot` extra): one ratio chart per scenario, the
+fill grid at a glance and the overlap timeline."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .context import Outcome
+from .fill import GridCell, fill_grid
 from .report import Row
 
 LANES = ("forward", "fill (worker threads)", "wait", "apply")
@@ -40,6 +42,51 @@ def _ratio_chart(scenario: str, rows: Sequence[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def _fill_grid_chart(grids: Mapping[str, Mapping[tuple[int, int], GridCell]], path: Path) -> None:
+    """One heat map per vocabulary: B x D, the pool with 2 workers over the best other
+    variant (a bar per variant and point runs to thousands of pixels on the full grid)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    fig, axes = plt.subplots(
+        1, len(grids), figsize=(3.4 * len(grids) + 1.4, 3.6), squeeze=False, sharey=True
+    )
+    norm = TwoSlopeNorm(vmin=0.5, vcenter=1.0, vmax=2.0)
+    batches = sorted({b for cells in grids.values() for b, _ in cells})
+    depths = sorted({d for cells in grids.values() for _, d in cells})
+    image = None
+    for ax, (name, cells) in zip(axes[0], grids.items(), strict=True):
+        values = [[_over_best(cells, b, d) for d in depths] for b in batches]
+        image = ax.imshow(values, cmap="RdBu_r", norm=norm, aspect="auto")
+        for (i, b), (j, d) in itertools.product(enumerate(batches), enumerate(depths)):
+            cell = cells.get((b, d))
+            if cell is not None:
+                missed = "\nmissed" if cell.met is False else ""
+                dark = not 0.65 <= cell.over_best <= 1.6
+                ax.text(
+                    j,
+                    i,
+                    f"{cell.over_best:.2f}\n{cell.over_naive:.2f}x naive{missed}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if dark else "black",
+                )
+        ax.set_xticks(range(len(depths)), [f"D={d}" for d in depths])
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_yticks(range(len(batches)), [f"B={b}" for b in batches])
+    assert image is not None
+    fig.colorbar(image, ax=axes[0].tolist(), label="time over the best other variant")
+    fig.suptitle("fill: the pool with 2 workers (blue: faster than every other variant)")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _over_best(cells: Mapping[tuple[int, int], GridCell], requests: int, drafts: int) -> float:
+    cell = cells.get((requests, drafts))
+    return float("nan") if cell is None else cell.over_best
+
+
 def _timeline_chart(spans: Sequence[tuple[int, str, float, float]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -61,7 +108,8 @@ def _timeline_chart(spans: Sequence[tuple[int, str, float, float]], path: Path) 
 def write_plots(
     rows: Sequence[Row], outcomes: Mapping[str, Outcome], directory: Path
 ) -> list[Path]:
-    """One `<scenario>.png` per scenario with figures, plus `overlap_timeline.png`."""
+    """One `<scenario>.png` per scenario with figures, plus `fill_grid.png` and
+    `overlap_timeline.png`."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for scenario in dict.fromkeys(r.scenario for r in rows):
@@ -70,6 +118,11 @@ def write_plots(
             path = directory / f"{scenario}.png"
             _ratio_chart(scenario, mine, path)
             written.append(path)
+    grids = fill_grid(rows)
+    if grids:
+        path = directory / "fill_grid.png"
+        _fill_grid_chart(grids, path)
+        written.append(path)
     overlap = outcomes.get("overlap")
     if overlap is not None and overlap.timeline:
         path = directory / "overlap_timeline.png"
