@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import statistics
 import threading
 import time
 from collections import deque
@@ -129,7 +130,7 @@ class _ThreadMode:
             return  # cold
         recent = self._recent[alone]
         recent.append(seconds / requests)
-        self._per_request[alone] = sorted(recent)[len(recent) // 2]
+        self._per_request[alone] = statistics.median_high(recent)
 
 
 SETTLING_STEPS = 2 * _ThreadMode.WARM_UP
