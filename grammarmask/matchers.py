@@ -555,6 +555,8 @@ class StepFill:
         order: Sequence[int] = range(len(requests))
         if later:
             order = [*(i for i in order if i not in later), *later]
+        # the result is written here, not through _outcomes and _collect as a shared step
+        # does: that round took 6-8 % more at B=64 D=0, the usual step on one thread
         valid, failures, progress = self.result.valid, self.result.failures, self._progress
         positions, request_ids = self._entries.positions, self._entries.request_ids
         for index in order:
