@@ -36,9 +36,13 @@ workers. Not a baseline the pool must beat: no engine shares out its loop this w
 thread takes the next request from a shared counter: the fixed halves this row used to
 split (every other request) left one thread idle for the last slow fills (10 % of the rows
 take ~80 % of the fill time) and measured 1.1-1.3x where one queue gets 1.7-1.8x."""
+BATCH = "xgrammar batch matcher (2 threads)"
+TREE = "xgrammar draft tree (1 thread)"
+POOL_1 = "pool, 1 worker"
+POOL_2 = "pool, 2 workers"
 ASYNC = "pool, 2 workers, fill_async + wait"
 """The engine's path: the fill on the pool's threads, waited for at once (no forward)."""
-TWO_WORKERS = ("pool, 2 workers", ASYNC)
+TWO_WORKERS = (POOL_2, ASYNC)
 """Rows noted with their time over the reference's (`x_reference`): how far the pool is from
 what two threads give this machine in the same run. Where the reference itself takes more
 than POOL_TARGET, that target is out of this machine's reach in that run."""
@@ -205,10 +209,10 @@ def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> li
     runs: dict[str, Callable[[], torch.Tensor]] = {
         NAIVE: raw.naive,
         SPLIT: raw.split,
-        "xgrammar batch matcher (2 threads)": raw.batch,
-        "xgrammar draft tree (1 thread)": raw.tree,
-        "pool, 1 worker": _filler(*pools[1]),
-        "pool, 2 workers": _filler(*pools[2]),
+        BATCH: raw.batch,
+        TREE: raw.tree,
+        POOL_1: _filler(*pools[1]),
+        POOL_2: _filler(*pools[2]),
         ASYNC: _waiter(*pools[2]),
     }
     masks = {name: run().clone() for name, run in runs.items()}
@@ -218,13 +222,13 @@ def _fill_point(bench: Bench, vocab_name: str, requests: int, drafts: int) -> li
     raw.close()
     for pool, _ in pools.values():
         pool.close()
-    point = f"{vocab_name} B={requests} D={drafts}" + (", cold" if config.cold_caches else "")
+    point = _point_name(vocab_name, requests, drafts, cold=config.cold_caches)
     rows = compare("fill", point, timings, NAIVE)
     ratios = {r.variant: r.ratio_p50 or 0.0 for r in rows}
     best = best_other(ratios)
-    best_single = min(ratios[NAIVE], ratios["xgrammar draft tree (1 thread)"])
+    best_single = min(ratios[NAIVE], ratios[TREE])
     goal = min(best, POOL_TARGET) if requests >= 64 and drafts == 5 else best
-    targets = {"pool, 1 worker": best_single, "pool, 2 workers": goal}
+    targets = {POOL_1: best_single, POOL_2: goal}
     ceiling = ratios[SPLIT]
     return [
         dataclasses.replace(
@@ -253,6 +257,11 @@ class GridCell(NamedTuple):
     met: bool | None
 
 
+def _point_name(vocab: str, requests: int, drafts: int, *, cold: bool) -> str:
+    """A fill point's name, as `_POINT` reads it back."""
+    return f"{vocab} B={requests} D={drafts}" + (", cold" if cold else "")
+
+
 _POINT = re.compile(r"^(?P<vocab>\S+) B=(?P<requests>\d+) D=(?P<drafts>\d+)(?P<cold>, cold)?$")
 
 
@@ -266,7 +275,7 @@ def fill_grid(rows: Iterable[Row]) -> dict[str, dict[tuple[int, int], GridCell]]
     grids: dict[str, dict[tuple[int, int], GridCell]] = {}
     for point, point_rows in points.items():
         found = _POINT.match(point)
-        pool = next((r for r in point_rows if r.variant == "pool, 2 workers"), None)
+        pool = next((r for r in point_rows if r.variant == POOL_2), None)
         if found is None or pool is None or pool.ratio_p50 is None:
             continue
         ratios = {r.variant: r.ratio_p50 or 0.0 for r in point_rows}
