@@ -15,6 +15,7 @@ import grammarmask as gm
 from grammarmask.bench import SCENARIOS, BenchConfig, run_bench
 from grammarmask.bench.context import Bench
 from grammarmask.bench.fill import NAIVE, SPLIT, GridCell, fill_grid
+from grammarmask.bench.overlap import FILL_ALONE, FORWARDS, WITH_MASKS
 from grammarmask.bench.report import (
     RESULT_SCHEMA,
     Row,
@@ -104,6 +105,15 @@ def test_every_cpu_scenario_on_smoke_sizes(tmp_path: Path) -> None:
     assert len(apply) == 2 and all(r["target"] == "<= 1.5" for r in apply)
     cuda = [r for r in rows if r["scenario"] == "cuda"]
     assert all(r["unavailable"] == "no CUDA device" for r in cuda)
+    overlap = [r for r in rows if r["scenario"] == "overlap"]
+    assert [r["point"].rsplit(", ", 1)[1] for r in overlap if r["variant"] == r["baseline"]] == [
+        f"{kind} forward" for kind in FORWARDS
+    ]
+    steps = [r for r in overlap if r["variant"] == WITH_MASKS]
+    assert len(steps) == len(FORWARDS)
+    assert all(set(r["extra"]) == {"caller_part", "forward_beside_fill", "wait"} for r in steps)
+    fill_alone = {r["p50"] for r in overlap if r["variant"] == FILL_ALONE}
+    assert len(fill_alone) == 1  # one fill alone, set against each forward
     isolation = [r for r in rows if r["scenario"] == "isolation"]
     assert any(r["variant"] == "pool, process isolation" for r in isolation)
     names = {p.name for p in plots.iterdir()}

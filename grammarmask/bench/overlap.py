@@ -1,18 +1,24 @@
 """Scenario `overlap`: the fill hidden behind the forward.
 
-A stand-in forward (a torch matmul on one thread, which releases the GIL) runs while
-`fill_async` fills the step's masks; the step with masks (fill_async, forward, wait) is
-timed against the forward alone. The forward takes 10 ms, or 1.5x the fill alone if that
-is longer, so that the target (which holds when the fill is the shorter) applies. One
-thread, because a GPU forward keeps at most one CPU thread busy launching kernels; a
-matmul on every core would leave none for the fill, which no GPU engine does. The pool
-fills on the cores the forward leaves free (at most 4 workers): with a worker on the
-forward's core too, "the fill alone" would be timed on more cores than the fill gets
-beside the forward (2 workers on this 2-core machine: fill alone 0.53 of the forward,
-exposed 22 %). A few steps are also recorded as a timeline (fill, forward, wait, apply)
-for the plot. The step's row notes where its time goes, each part over the forward alone:
-fill_async's own part on the caller, the forward run beside the fill (it shares the
-machine's caches and memory with it), and the wait after it.
+`fill_async` fills the step's masks while a stand-in forward releases the GIL; the step
+with masks (fill_async, forward, wait) is timed against the forward alone, for two
+forwards of the same length:
+
+- a blocking forward: the engine's thread only waits (a sleep), as it waits for a GPU
+  forward; what shows is what the pool itself costs the step;
+- a torch matmul on one thread: CPU work that shares the machine's caches and memory with
+  the fill, so it also slows down beside it (on a GPU the forward does not).
+
+The forward takes 10 ms, or 1.5x the fill alone if that is longer, so that the target
+(which holds when the fill is the shorter) applies. One thread, because a GPU forward
+keeps at most one CPU thread busy launching kernels; a matmul on every core would leave
+none for the fill, which no GPU engine does. The pool fills on the cores the forward leaves
+free (at most 4 workers): with a worker on the forward's core too, "the fill alone" would
+be timed on more cores than the fill gets beside the forward (2 workers on this 2-core
+machine: fill alone 0.53 of the forward, exposed 22 %). A few steps with the matmul are
+also recorded as a timeline (fill, forward, wait, apply) for the plot. Each step's row
+notes where its time goes, each part over the forward alone: fill_async's own part on the
+caller, the forward run beside the fill, and the wait after it.
 """
 
 from __future__ import annotations
@@ -84,6 +90,43 @@ def _timeline(
     return spans
 
 
+def blocking_forward(seconds: float) -> Callable[[], None]:
+    """The CPU side of a GPU forward: the engine's thread waits, holding no core and no
+    cache (and not the GIL) for `seconds`."""
+    return lambda: time.sleep(seconds)
+
+
+FORWARDS = ("blocking", "CPU matmul")
+"""The two stand-in forwards, each a point of the scenario."""
+WITH_MASKS = "forward + fill_async + wait"
+FILL_ALONE = "fill alone"
+REPEATS_PER_REPEAT = 3
+"""A step takes ~15 ms, a repeat's five runs ~60 ms: three times the repeats asked for, so
+that one slow step does not decide a median of ten."""
+
+
+def _with_masks(
+    pool: MatcherPool,
+    batch: list[tuple[str, tuple[int, ...]]],
+    forward: Callable[[], object],
+    parts: dict[str, list[float]],
+) -> Callable[[], None]:
+    """A step: fill_async, the forward, wait; each part's seconds go into `parts`."""
+
+    def step() -> None:
+        started = time.perf_counter()
+        future = pool.fill_async(batch)
+        returned = time.perf_counter()
+        forward()
+        forward_end = time.perf_counter()
+        future.wait()
+        parts["caller"].append(returned - started)
+        parts["forward"].append(forward_end - returned)
+        parts["wait"].append(time.perf_counter() - forward_end)
+
+    return step
+
+
 def run_overlap(bench: Bench) -> Outcome:
     config = bench.config
     requests, drafts = config.pick((4, 2), (64, 5), (64, 5))
@@ -95,41 +138,48 @@ def run_overlap(bench: Bench) -> Outcome:
         started = time.perf_counter()
         pool.fill(batch)
         fills.append(time.perf_counter() - started)
-    forward = stand_in_forward(max(0.010, 1.5 * statistics.median(fills)))
-    bench.plan(config.repeats, "overlap")
-
-    parts: dict[str, list[float]] = {"caller": [], "forward": [], "wait": []}
-
-    def with_masks() -> None:
+    matmul = stand_in_forward(max(0.010, 1.5 * statistics.median(fills)))
+    took = []
+    for _ in range(5):
         started = time.perf_counter()
-        future = pool.fill_async(batch)
-        returned = time.perf_counter()
-        forward()
-        forward_end = time.perf_counter()
-        future.wait()
-        parts["caller"].append(returned - started)
-        parts["forward"].append(forward_end - returned)
-        parts["wait"].append(time.perf_counter() - forward_end)
+        matmul()
+        took.append(time.perf_counter() - started)
+    forwards = dict(zip(FORWARDS, (blocking_forward(statistics.median(took)), matmul), strict=True))
+    repeats = REPEATS_PER_REPEAT * config.repeats
+    bench.plan(repeats, "overlap")
 
-    def fill_alone() -> None:
-        pool.fill(batch)
-
-    runs = {BASELINE: forward, "forward + fill_async + wait": with_masks, "fill alone": fill_alone}
-    timings = interleave(runs, config.repeats, bench.rng, bench.tick)
-    spans = _timeline(pool, batch, forward)
-    pool.close()
-    shorter = statistics.median(timings["fill alone"]) < statistics.median(timings[BASELINE])
-    point = f"deepseek B={requests} D={drafts}, {workers} worker{'s' if workers > 1 else ''}"
-    alone = statistics.median(timings[BASELINE])
-    exposed = {  # where the step's extra time goes, each a fraction of the forward alone
-        "caller_part": statistics.median(parts["caller"]) / alone,
-        "forward_beside_fill": statistics.median(parts["forward"]) / alone,
-        "wait": statistics.median(parts["wait"]) / alone,
+    parts: dict[str, dict[str, list[float]]] = {
+        kind: {"caller": [], "forward": [], "wait": []} for kind in FORWARDS
     }
-    rows = [
-        dataclasses.replace(r, target=TARGET if shorter else None, extra=exposed)
-        if r.variant == "forward + fill_async + wait"
-        else r
-        for r in compare("overlap", point, timings, BASELINE)
-    ]
+    runs: dict[str, Callable[[], object]] = {FILL_ALONE: lambda: pool.fill(batch)}
+    for kind, forward in forwards.items():
+        runs[f"{kind}: {BASELINE}"] = forward
+        runs[f"{kind}: {WITH_MASKS}"] = _with_masks(pool, batch, forward, parts[kind])
+    timings = interleave(runs, repeats, bench.rng, bench.tick)
+    spans = _timeline(pool, batch, matmul)
+    pool.close()
+    rows = []
+    for kind in FORWARDS:
+        alone = statistics.median(timings[f"{kind}: {BASELINE}"])
+        shorter = statistics.median(timings[FILL_ALONE]) < alone
+        exposed = {  # where the step's extra time goes, each a fraction of the forward alone
+            "caller_part": statistics.median(parts[kind]["caller"]) / alone,
+            "forward_beside_fill": statistics.median(parts[kind]["forward"]) / alone,
+            "wait": statistics.median(parts[kind]["wait"]) / alone,
+        }
+        point = (
+            f"deepseek B={requests} D={drafts}, {workers} worker{'s' if workers > 1 else ''}, "
+            f"{kind} forward"
+        )
+        point_timings = {
+            BASELINE: timings[f"{kind}: {BASELINE}"],
+            WITH_MASKS: timings[f"{kind}: {WITH_MASKS}"],
+            FILL_ALONE: timings[FILL_ALONE],
+        }
+        rows += [
+            dataclasses.replace(r, target=TARGET if shorter else None, extra=exposed)
+            if r.variant == WITH_MASKS
+            else r
+            for r in compare("overlap", point, point_timings, BASELINE)
+        ]
     return Outcome(rows, spans)
