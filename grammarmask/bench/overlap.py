@@ -41,6 +41,16 @@ TARGET = Target("<=", 1.02)
 BASELINE = "forward alone"
 
 
+def _median_seconds(call: Callable[[], object], times: int = 5) -> float:
+    """The median time of `times` calls, to size a forward against what it stands beside."""
+    took = []
+    for _ in range(times):
+        started = time.perf_counter()
+        call()
+        took.append(time.perf_counter() - started)
+    return statistics.median(took)
+
+
 def stand_in_forward(target_s: float = 0.010) -> Callable[[], torch.Tensor]:
     """A one-thread matmul sized so that one call takes about `target_s` here (median of 5)."""
     size = 256
@@ -55,12 +65,7 @@ def stand_in_forward(target_s: float = 0.010) -> Callable[[], torch.Tensor]:
             finally:
                 torch.set_num_threads(threads)
 
-        took = []
-        for _ in range(5):
-            started = time.perf_counter()
-            forward()
-            took.append(time.perf_counter() - started)
-        median = statistics.median(took)
+        median = _median_seconds(forward)
         if median >= target_s or size >= 8192:
             return forward
         size = int(size * min(2.0, max(1.1, (target_s / max(median, 1e-6)) ** (1 / 3))))
@@ -133,18 +138,8 @@ def run_overlap(bench: Bench) -> Outcome:
     plans = bench.replays("deepseek", requests, drafts)
     workers = min(4, max(1, (os.cpu_count() or 2) - 1))
     pool, batch = build_pool(bench, "deepseek", plans, workers)
-    fills = []
-    for _ in range(5):
-        started = time.perf_counter()
-        pool.fill(batch)
-        fills.append(time.perf_counter() - started)
-    matmul = stand_in_forward(max(0.010, 1.5 * statistics.median(fills)))
-    took = []
-    for _ in range(5):
-        started = time.perf_counter()
-        matmul()
-        took.append(time.perf_counter() - started)
-    forwards = dict(zip(FORWARDS, (blocking_forward(statistics.median(took)), matmul), strict=True))
+    matmul = stand_in_forward(max(0.010, 1.5 * _median_seconds(lambda: pool.fill(batch))))
+    forwards = dict(zip(FORWARDS, (blocking_forward(_median_seconds(matmul)), matmul), strict=True))
     repeats = REPEATS_PER_REPEAT * config.repeats
     bench.plan(repeats, "overlap")
 
