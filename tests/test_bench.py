@@ -4,7 +4,10 @@ exit codes; and the timing and ratio helpers."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -211,3 +214,29 @@ def test_pinned_schemas_are_replayed_by_name_and_draws_are_per_point(
         assert bench.replays("deepseek", 4, 2) == first
     finally:
         bench.close()
+
+
+@pytest.mark.parametrize(
+    ("script", "env", "message"),
+    [
+        ("gpu_check.sh", {}, "no .gpukit/ here: run benchmarks/gpu_kit.sh"),
+        ("gpu_kit.sh", {"GRAMMARMASK_CORPUS": "/nonexistent"}, "no MaskBench corpus at"),
+    ],
+)
+def test_gpu_scripts_name_what_is_missing(
+    tmp_path: Path, script: str, env: dict[str, str], message: str
+) -> None:
+    """The offline GPU check refuses (exit 2, saying why) before installing or fetching
+    anything when its kit, or the kit's corpus, is not there."""
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    shutil.copy(Path(__file__).parent.parent / "benchmarks" / script, folder)
+    done = subprocess.run(
+        ["bash", str(folder / script)],
+        env={**os.environ, **env, "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
