@@ -132,12 +132,20 @@ def _worker_main(
             break
         kind = message[0]
         if kind == "fill":
-            _, slot, entries = message
+            _, slot, entries, batch_one_row = message
             conn.send(("begin",))
             requests = table.lookup([e.request_id for e in entries])
             step = StepFill(table, StepEntries.of(entries), requests)
             fixed = Deadline(None, fixed=True)  # the parent enforces deadlines: it kills
-            conn.send(step.run(host[slot], fixed, threads, _FILL_THREADS, progress[slot]))
+            result = step.run(
+                host[slot],
+                fixed,
+                threads,
+                _FILL_THREADS,
+                progress[slot],
+                batch_one_row=batch_one_row,
+            )
+            conn.send(result)
         elif kind == "commit":
             conn.send(table.commit(message[1], message[2]))
         elif kind == "state":
@@ -472,7 +480,7 @@ class ProcessExecutor:
             if not worker.process.is_alive():
                 self._bury(worker, host, entries, result)
                 continue
-            _send(worker, ("fill", slot, entries))
+            _send(worker, ("fill", slot, entries, deadline.at is None))
             waiting[index] = worker
         meanwhile()
         while waiting:

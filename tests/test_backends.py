@@ -363,3 +363,54 @@ def test_xgrammar_draft_fill_matches_the_interface_loop(
     assert gm.Matcher.fill_drafts(matcher, looped, range(len(drafts) + 1), drafts) == accepted
     assert torch.equal(drafted[: accepted + 1], looped[: accepted + 1])
     assert all(torch.equal(row, untouched) for row in drafted[accepted + 1 :])
+
+
+@given(data=st.data())
+def test_xgrammar_batch_fill_writes_what_filling_one_by_one_writes(
+    deepseek: gm.Vocabulary,
+    deepseek_compiler: gm.GrammarCompiler,
+    instances: list[tuple[gm.Grammar, list[int]]],
+    data: st.DataObject,
+) -> None:
+    """XGrammarMatcher.fill_many (one xgrammar batch call, then the stop rows and the rows
+    after a surrogate lead) against `fill` per matcher: the same rows, wherever they lie,
+    and no other row touched. Matchers sit at positions of real instances, some after the
+    stop token, some inside a string right after a token ending in the lead byte ED."""
+    tokens = deepseek.token_bytes
+    lead = next(i for i, t in enumerate(tokens) if t.endswith(b"\xed") and t[:1] != b'"')
+    string = deepseek_compiler.compile(gm.Grammar.json_schema({"type": "string"}), "xgrammar")
+    matchers = []
+    for _ in range(data.draw(st.integers(1, 6))):
+        kind = data.draw(st.sampled_from(["instance", "stopped", "after lead"]))
+        if kind == "after lead":
+            matcher = string.matcher()
+            assert matcher.accept(tokens.index(b'"')) and matcher.accept(lead)
+        else:
+            grammar, instance = data.draw(st.sampled_from(instances))
+            matcher = deepseek_compiler.compile(grammar, "xgrammar").matcher()
+            ids = [*instance, deepseek.stop_token_ids[0]] if kind == "stopped" else instance
+            position = len(ids) if kind == "stopped" else data.draw(st.integers(0, len(ids) - 1))
+            assert all(matcher.accept(token) for token in ids[:position])
+        matchers.append(matcher)
+    rows = data.draw(st.permutations(range(len(matchers) + 2)))[: len(matchers)]
+    words = gm.words_per_row(deepseek.size)
+    untouched = torch.full((len(matchers) + 2, words), 0x5A5A5A5A, dtype=torch.int32)
+    batched, single = untouched.clone(), untouched.clone()
+    assert type(matchers[0]).fill_many(matchers, batched, rows)
+    for matcher, row in zip(matchers, rows, strict=True):
+        matcher.fill(single, row)
+    assert torch.equal(batched, single)
+    for row in set(range(len(matchers) + 2)) - set(rows):
+        assert torch.equal(batched[row], untouched[row])
+
+
+def test_backends_without_a_batch_fill_say_so(
+    deepseek: gm.Vocabulary, compiled: dict[str, gm.CompiledGrammar]
+) -> None:
+    """Only xgrammar has a batch call; the others write nothing and say False, so the pool
+    fills their rows one by one."""
+    bitmask = torch.zeros(1, gm.words_per_row(deepseek.size), dtype=torch.int32)
+    for name in ("outlines", "llguidance"):
+        matcher = compiled[name].matcher()
+        assert not type(matcher).fill_many([matcher], bitmask, [0])
+        assert not bitmask.any()

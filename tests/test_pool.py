@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 import grammarmask as gm
 import grammarmask.pool
+from grammarmask.backends import xgrammar_backend
+from grammarmask.backends.xgrammar_backend import XGrammarMatcher
 from grammarmask.matchers import MatcherTable
 from grammarmask.steps import BatchError, StepPlan, _entries_one_by_one
 
@@ -388,6 +390,62 @@ def test_steps_on_one_thread_or_on_all(
         assert len(submitted) == 2
         for masks in (alone, one_thread, shared):
             assert torch.equal(masks, expected)
+
+
+def test_one_row_requests_share_batch_calls_on_two_threads(
+    deepseek: gm.Vocabulary,
+    compiler: gm.GrammarCompiler,
+    cases: dict[str, tuple[gm.Grammar, list[int]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On two fill threads, requests without drafts are claimed a few at a time (24 on 2
+    threads: 3) and filled in one xgrammar batch call each, with the masks filled one by
+    one; not while the step has a deadline; a failed request among them keeps its stop-only
+    rows; a batch call that raises leaves its requests to be filled one by one. A worker
+    process with two fill threads gives the same masks."""
+    grammar, ids = cases["invoice"]
+    calls: list[int] = []
+    real_fill_many = XGrammarMatcher.fill_many.__func__  # type: ignore[attr-defined]
+
+    def noted_fill_many(cls: type, matchers: list[gm.Matcher], *args: Any) -> bool:
+        calls.append(len(matchers))
+        return bool(real_fill_many(cls, matchers, *args))
+
+    monkeypatch.setattr(XGrammarMatcher, "fill_many", classmethod(noted_fill_many))
+    with _new_pool(deepseek, compiler, workers=1) as one_thread:
+        batch = _staggered(one_thread, grammar, ids, 24, drafts=0)
+        expected = one_thread.fill(batch).bitmask.clone()
+    assert not calls  # one thread: a call per request cost no more
+    with _new_pool(deepseek, compiler, workers=2) as pool:
+        _staggered(pool, grammar, ids, 24, drafts=0)
+        monkeypatch.setattr(pool._executor.mode, "alone", lambda requests: False)  # type: ignore[attr-defined]
+        assert torch.equal(pool.fill(batch).bitmask, expected)
+        assert sum(calls) == 24 and max(calls) == 3
+        calls.clear()
+        assert torch.equal(pool.fill_async(batch).wait().bitmask, expected) and calls
+        calls.clear()
+        assert torch.equal(pool.fill(batch, deadline_s=30.0).bitmask, expected) and not calls
+        assert pool.commit("r5", [ids[5], ids[5]]).status == "failed"
+        masks = pool.fill(batch)
+        assert _stop_only(deepseek, masks.bitmask[5]) and masks.failures == {}  # told at commit
+        others = [row for row in range(24) if row != 5]
+        assert torch.equal(masks.bitmask[others], expected[others])
+
+        class Refusing:
+            def batch_fill_next_token_bitmask(self, *args: object) -> None:
+                raise RuntimeError("injected batch fault")
+
+        monkeypatch.setattr(xgrammar_backend, "_thread_batcher", Refusing)
+        for slot in pool._transfer._host:  # type: ignore[attr-defined]
+            slot.zero_()  # no rows left over from earlier steps
+        calls.clear()
+        masks = pool.fill(batch)
+        assert calls and torch.equal(masks.bitmask[others], expected[others])
+        assert masks.failures == {} and _stop_only(deepseek, masks.bitmask[5])
+    with gm.MatcherPool(deepseek, workers=1, isolation="process") as process:
+        _staggered(process, grammar, ids, 24, drafts=0)
+        assert torch.equal(process.fill(batch).bitmask, expected)
+        assert torch.equal(process.fill(batch, deadline_s=60.0).bitmask, expected)
 
 
 def test_the_thread_waiting_for_a_step_fills_too(

@@ -94,6 +94,14 @@ class Matcher(ABC):
         self.rollback(accepted)
         return accepted
 
+    @classmethod
+    def fill_many(
+        cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> bool:
+        """`fill` for several matchers of this class, `rows[i]` for `matchers[i]`, in one call
+        of the engine's own batch fill; False (nothing written) where it has none."""
+        return False
+
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens."""

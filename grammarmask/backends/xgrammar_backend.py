@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy
 import torch
@@ -103,6 +103,18 @@ class _Dialect:
     compiler: Any
 
 
+_batchers = threading.local()
+
+
+def _thread_batcher() -> xgrammar.BatchGrammarMatcher:
+    """This thread's batch matcher (max_threads=1: the pool's fill threads are the
+    parallelism, and one batch matcher is not known to be safe to share)."""
+    batcher: xgrammar.BatchGrammarMatcher | None = getattr(_batchers, "batcher", None)
+    if batcher is None:
+        batcher = _batchers.batcher = xgrammar.BatchGrammarMatcher(max_threads=1)
+    return batcher
+
+
 class XGrammarMatcher(Matcher):
     """Rows are handled as numpy views: on one row, a torch call's dispatch costs several
     times the numpy operation (~8 vs ~1.5 us here)."""
@@ -150,6 +162,29 @@ class XGrammarMatcher(Matcher):
         if ends_with_lead and ends_with_lead[-1]:  # not _after_lead(): the hot path
             words = bitmask[row].numpy()
             words &= self._filter.after_lead
+
+    @classmethod
+    def fill_many(
+        cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> bool:
+        """One batch call for the matchers not stopped (it releases the GIL once for all of
+        them: two fill threads that each released and took it back per request queued on
+        it), then the stop rows and the rows after a lead, as `fill` writes them."""
+        ours = cast(Sequence[XGrammarMatcher], matchers)
+        live = [m._matcher for m in ours if not m._stopped]
+        if live:
+            live_rows = [row for m, row in zip(ours, rows, strict=True) if not m._stopped]
+            _thread_batcher().batch_fill_next_token_bitmask(live, bitmask, live_rows)
+        words = None
+        for matcher, row in zip(ours, rows, strict=True):
+            ends_with_lead = matcher._ends_with_lead
+            if matcher._stopped or (ends_with_lead and ends_with_lead[-1]):
+                words = bitmask.numpy() if words is None else words
+                if matcher._stopped:
+                    words[row] = matcher._filter.stop_only
+                else:
+                    words[row] &= matcher._filter.after_lead
+        return True
 
     def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
         """The draft loop, one xgrammar call per token: the pool's hot path. (One
