@@ -504,6 +504,9 @@ class StepFill:
         self._closed = False
         self._chunk = 1
         """Requests one claim takes when the claimed one has no drafts (see `_fill_chunk`)."""
+        self._one_row: list[bool] = []
+        """Per request: no drafts and a block of rows, what a batch call fills (set with
+        `_chunk`)."""
         # set by run(); placeholders until then (a tensor and a condition apiece cost ~1.5 us)
         self._slot = _NO_HOST
         self._condition = _NO_CONDITION
@@ -615,16 +618,16 @@ class StepFill:
     def _chunk_size(self, threads: int) -> int:
         """Requests per claim for a step's one-row requests: one batch call each on two or
         more threads (on one, a call per request cost no more), with enough claims left
-        for the threads to even out the slow fills."""
+        for the threads to even out the slow fills. Notes which requests those are in
+        `_one_row`, for `_fill_chunk`."""
         if threads < 2:
             return 1
         entries = self._entries
-        one_row = sum(
-            1
+        self._one_row = [
+            not drafts and block is not None
             for drafts, block in zip(entries.drafts, entries.blocks, strict=True)
-            if not drafts and block is not None
-        )
-        return max(1, min(_CHUNK_MAX, one_row // (threads * _CLAIMS_PER_THREAD)))
+        ]
+        return max(1, min(_CHUNK_MAX, sum(self._one_row) // (threads * _CLAIMS_PER_THREAD)))
 
     def _start_drains(self) -> None:
         """Enough tasks for what is left, at most `threads` (condition held)."""
@@ -687,8 +690,8 @@ class StepFill:
         claimed = [first]
         while len(claimed) < self._chunk and (index := next(claims)) < total:
             claimed.append(index)
-        drafts, blocks = self._entries.drafts, self._entries.blocks
-        batched = [i for i in claimed if not drafts[i] and blocks[i] is not None]
+        one_row, blocks = self._one_row, self._entries.blocks
+        batched = [i for i in claimed if one_row[i]]
         filled = self._table.fill_one_row(
             [requests[i] for i in batched],
             self._slot,
