@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
     generate.add_argument("--max-tokens", type=int, default=256)
     generate.set_defaults(run=cmd_generate)
+    model = commands.add_parser(
+        "model",
+        help="print the folder of the SmolLM2 checkpoint (converted once), e.g. for vllm serve",
+    )
+    model.set_defaults(run=cmd_model)
     _add_conformance_parser(commands)
     _add_fuzz_parser(commands)
 
@@ -170,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands)
     return parser
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from .integrations.transformers import smollm2_checkpoint
+
+    print(smollm2_checkpoint())
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

