@@ -26,7 +26,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
@@ -198,6 +198,21 @@ class _WorkerGone(Exception):
     """A worker died or hung during a call; its requests have been failed."""
 
 
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a daemonic process start workers. Engines run their model workers as daemonic
+    multiprocessing processes (vLLM does), and multiprocessing refuses children there
+    because a daemon is ended without cleaning up; a grammarmask worker ends by itself when
+    its pipe to the parent closes, so it cannot outlive that parent for long."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemon = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemon
+
+
 class ProcessExecutor:
     """The pool's `_Executor` over worker processes (see the module docstring).
 
@@ -242,7 +257,8 @@ class ProcessExecutor:
             name=f"grammarmask-worker-{index}",
             daemon=True,
         )
-        process.start()
+        with _children_allowed():
+            process.start()
         child.close()
         return _Worker(index, process, parent)
 
