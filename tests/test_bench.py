@@ -32,7 +32,7 @@ from grammarmask.bench.workload import pick_instances
 from grammarmask.cli import main
 from grammarmask.conformance import bundled_sample_dir
 
-CPU_SCENARIOS = [name for name in SCENARIOS if name != "e2e"]
+CPU_SCENARIOS = [name for name in SCENARIOS if name not in ("e2e", "vllm")]
 
 
 def test_ratios_are_against_the_baseline_of_the_same_run() -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import XGRAMMAR_028
 
 import grammarmask as gm
 from grammarmask import conformance as cf
@@ -85,7 +86,11 @@ def test_cli_runs_the_bundled_sample_and_resumes(
     assert sorted(r["schema"] for r in records) == sorted(p.name for p in SAMPLE.glob("*.json"))
     assert all(r["status"] == "compiled" and r["backend"] == "xgrammar" for r in records)
     totals = cf.summarize(records)["xgrammar"]
-    assert totals["valid_accepted"] == totals["valid"] > 0
+    # xgrammar 0.2.8 (vLLM's pin) keeps the schema's key order beside allOf/not, which
+    # 0.2.9 does not: a completeness gap the runner names, never a silent one
+    explained = totals["valid_rejected_key_order"] if XGRAMMAR_028 else 0
+    assert totals["valid_accepted"] + explained == totals["valid"] > 0
+    assert explained <= 1
     assert totals["invalid_rejected"] + totals["invalid_accepted_explained"] == totals["invalid"]
     table = capsys.readouterr().out
     header, _, row = table.splitlines()[-3:]

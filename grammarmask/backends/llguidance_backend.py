@@ -8,6 +8,7 @@ those are, measured.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import threading
 import time
@@ -155,6 +156,22 @@ def _closed_objects(schema: Any) -> Any:
     return closed
 
 
+def _general_escapes_option() -> dict[str, bool]:
+    """`json_allow_general_unicode_escapes` where this llguidance knows it (1.9 does):
+    strings may then hold any printable \\u escape. 1.7, which vLLM pins, refuses the key;
+    without it fewer escapes pass, which is sound but rejects some valid instances."""
+    option = {"json_allow_general_unicode_escapes": True}
+    probe = json.dumps({"type": "string", "x-guidance": option})
+    error = llguidance.LLMatcher.validate_grammar(
+        llguidance.LLMatcher.grammar_from_lark(f"start: %json {probe}")
+    )
+    return {} if error else option
+
+
+_GENERAL_ESCAPES = _general_escapes_option()
+_VERSION = importlib.metadata.version("llguidance")
+
+
 class LLGuidanceBackend(Backend):
     name = "llguidance"
 
@@ -168,6 +185,20 @@ class LLGuidanceBackend(Backend):
                 f"llguidance built a vocabulary of {self._tokenizer.vocab_size} ids "
                 f"for logits width {vocab.size}"
             )
+        self.bounds_whitespace_runs = self._whitespace_runs_bounded()
+        """False on llguidance releases that let whitespace runs grow past the bound."""
+
+    def _whitespace_runs_bounded(self) -> bool:
+        """Whether this llguidance holds a whitespace run to `whitespace_pattern` (1.9 does).
+        1.7, which vLLM pins, accepts runs of any length there, so flexible grammars, whose
+        runs grammarmask bounds, are refused on it (auto then serves them elsewhere)."""
+        options = {"whitespace_flexible": True, "whitespace_pattern": "[\\x20]{1,2}"}
+        probe = json.dumps({"type": "array", "x-guidance": options})
+        matcher = llguidance.LLMatcher(
+            self._tokenizer, llguidance.LLMatcher.grammar_from_lark(f"start: %json {probe}"), log_level=0
+        )
+        tokens = self._tokenizer.tokenize_bytes(b"[   ]")
+        return matcher.try_consume_tokens(tokens) < len(tokens)
 
     def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
         if grammar.kind != "json_schema":
@@ -186,6 +217,11 @@ class LLGuidanceBackend(Backend):
             if grammar.strict:
                 schema = _closed_objects(schema)
             flexible = grammar.whitespace == "flexible"
+            if flexible and not self.bounds_whitespace_runs:
+                raise UnsupportedGrammarError(
+                    f"llguidance {_VERSION} cannot serve {grammar.describe()}: it does not "
+                    f"bound whitespace runs to max_whitespace={grammar.max_whitespace}"
+                )
             # Replaces any "x-guidance" of the schema's own: it must not turn on lenient
             # (ignore unknown keywords) or unbounded whitespace.
             options: dict[str, Any] = {
@@ -194,7 +230,7 @@ class LLGuidanceBackend(Backend):
                 "whitespace_flexible": flexible,
                 "coerce_one_of": False,
                 "lenient": False,
-                "json_allow_general_unicode_escapes": True,
+                **_GENERAL_ESCAPES,
             }
             if flexible:
                 options["whitespace_pattern"] = (

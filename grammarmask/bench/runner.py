@@ -20,6 +20,7 @@ from .e2e import run_e2e
 from .fill import run_fill, run_isolation
 from .overlap import run_overlap
 from .report import Row, table, write_json
+from .vllm import run_vllm
 
 SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
     "fill": run_fill,
@@ -29,8 +30,12 @@ SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
     "compile": run_compile,
     "e2e": run_e2e,
     "cuda": run_cuda,
+    "vllm": run_vllm,
 }
-"""Every scenario, in the order a plain `grammarmask bench` runs them."""
+"""Every scenario, in the order a plain `grammarmask bench` runs them (but `vllm`)."""
+
+SEPARATE = ("vllm",)
+"""Scenarios that run only when named: `vllm` needs vLLM's own environment."""
 
 
 def default_corpus() -> Path | None:
@@ -117,7 +122,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA device here", file=sys.stderr)
         return 2
-    names = args.scenario or (["cuda"] if args.device == "cuda" else list(SCENARIOS))
+    default = [name for name in SCENARIOS if name not in SEPARATE]
+    names = args.scenario or (["cuda"] if args.device == "cuda" else default)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print(

@@ -21,7 +21,9 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from ...backends import installed_backends
 from ...errors import GrammarError
+from ...grammars import Grammar
 from ...kernels import apply_bitmask
 from ...pool import MaskFuture, MatcherPool
 from ...steps import BatchEntry
@@ -115,6 +117,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
             allow_unenforced=settings.allow_unenforced,
         )
         weakref.finalize(self, self._pool.close)  # vLLM rebuilds its batch (and us) once
+        self._warm_up()
         if vllm_config.scheduler_config.async_scheduling and not _named(vllm_config, type(self)):
             logger.warning(
                 "grammarmask was loaded through its entry point only: with async scheduling "
@@ -133,6 +136,16 @@ class GrammarLogitsProcessor(LogitsProcessor):
     def _choose_mode(self, vllm_config: VllmConfig) -> Mode:
         """Whether this instance serves grammars (see the entry-point subclass)."""
         return "serve"
+
+    def _warm_up(self) -> None:
+        """Compile a one-token grammar on every installed backend in the background, while
+        vLLM loads the model: a backend's first compile builds its tables for the
+        vocabulary (seconds), which would otherwise stall the first step that uses it."""
+        assert self._pool is not None
+        for name in installed_backends():
+            warm = f"warm-up-{name}"
+            self._pool.add(warm, Grammar.regex("a"), backend=name)
+            self._pool.remove(warm)
 
     def is_argmax_invariant(self) -> bool:
         return False

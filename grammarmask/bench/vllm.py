@@ -1,0 +1,269 @@
+"""Scenario `vllm`: grammarmask inside vLLM next to vLLM's own structured outputs, on one
+model, with the same prompts and schemas, interleaved round by round.
+
+vLLM serves one structured-output backend per engine, so the run holds three engines in this
+process at once: grammarmask named and vLLM's structured outputs on xgrammar; grammarmask
+named and them on guidance; and one without grammarmask (its entry point switched off).
+Every round runs each variant once, in a random order, on a batch of every request of the
+workload. Per variant: output tokens/s, ms per engine step, the share of the engine's
+thread spent in the plugin (`update_state` plus `apply`, whose wait is what the forward did
+not hide), and how many finished outputs validate against their schema. vLLM needs its own
+environment (`scripts/vllm-env.sh`); run this there.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..demo import DemoCase, chat_prompt, validate
+from ..grammars import Grammar
+from .context import Bench, Outcome
+from .report import Row, Target
+
+FASTER_THAN_VLLM = Target(">=", 1.0)
+UNCHANGED = Target(">=", 0.99)
+
+BUILTIN = "builtin"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a variant's requests ask for their schema, and on which engine."""
+
+    engine: str
+    """"xgrammar" or "guidance" (vLLM's structured-output backend of the engine), "plain"."""
+    grammar: str | None
+    """None: no constraint; BUILTIN: vLLM's structured outputs; else grammarmask's backend."""
+
+
+VARIANTS = {
+    "no plugin, no grammar": Variant("plain", None),
+    "plugin loaded, no grammar": Variant("xgrammar", None),
+    "vLLM xgrammar": Variant("xgrammar", BUILTIN),
+    "vLLM guidance": Variant("guidance", BUILTIN),
+    "grammarmask auto": Variant("xgrammar", "auto"),
+    "grammarmask xgrammar": Variant("xgrammar", "xgrammar"),
+}
+
+
+@dataclass
+class _Run:
+    seconds: float
+    tokens: int
+    steps: int
+    plugin_seconds: float
+    applies: list[float]
+    finished: int = 0
+    valid: int = 0
+    broken_enforced: int = 0
+
+
+@dataclass
+class _PluginTimer:
+    """Seconds inside the plugin's `update_state` and `apply` (wrapped on the class: the
+    engines run in this process)."""
+
+    total: float = 0.0
+    applies: list[float] = field(default_factory=list)
+    updates: dict[int, int] = field(default_factory=dict)
+    """Calls of `update_state` per processor: the engine's model steps (vLLM calls it
+    before each forward; an engine can hold a second, idle instance)."""
+
+    def reset(self) -> None:
+        self.total, self.applies, self.updates = 0.0, [], {}
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        from ..integrations.vllm import GrammarLogitsProcessor
+
+        originals = GrammarLogitsProcessor.update_state, GrammarLogitsProcessor.apply
+
+        def timed(method: Callable[..., Any], is_apply: bool) -> Callable[..., Any]:
+            def wrapper(processor: Any, *args: Any) -> Any:
+                if not is_apply:
+                    self.updates[id(processor)] = self.updates.get(id(processor), 0) + 1
+                started = time.perf_counter()
+                try:
+                    return method(processor, *args)
+                finally:
+                    spent = time.perf_counter() - started
+                    self.total += spent
+                    if is_apply:
+                        self.applies.append(spent)
+
+            return wrapper
+
+        GrammarLogitsProcessor.update_state = timed(originals[0], False)  # type: ignore[method-assign]
+        GrammarLogitsProcessor.apply = timed(originals[1], True)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            GrammarLogitsProcessor.update_state, GrammarLogitsProcessor.apply = originals  # type: ignore[method-assign]
+
+
+def run_vllm(bench: Bench) -> Outcome:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError:
+        reason = "needs vLLM: run it in the vLLM environment (scripts/vllm-env.sh)"
+        return Outcome([Row("vllm", "SmolLM2-135M", name, "", unavailable=reason) for name in VARIANTS])
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from ..cli import bundled_schema_path
+    from ..compiler import GrammarCompiler
+    from ..demo import bundled_cases
+    from ..integrations.transformers import smollm2_checkpoint
+    from ..integrations.vllm import xargs
+    from ..vocabulary import Vocabulary
+
+    config = bench.config
+    rounds = config.pick(1, 3, 6)
+    max_tokens = config.pick(16, 128, 256)
+    bench.plan(3 + rounds * len(VARIANTS), "vllm (starting 3 engines)")
+    model = str(smollm2_checkpoint())
+    common: dict[str, Any] = {
+        "model": model,
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "max_num_seqs": 16,
+        "kv_cache_memory_bytes": 1 << 30,
+        "distributed_executor_backend": "uni",
+        "enable_prefix_caching": False,
+        "seed": config.seed,
+    }
+    plugin = ["grammarmask.integrations.vllm:GrammarLogitsProcessor"]
+    engines: dict[str, Any] = {}
+    for name in ("xgrammar", "guidance"):
+        engines[name] = vllm.LLM(
+            **common,
+            logits_processors=plugin,
+            structured_outputs_config={"backend": name},
+        )
+        bench.tick()
+    engines["plain"] = vllm.LLM(**common, additional_config={"grammarmask": {"autoload": False}})
+    bench.tick()
+    try:
+        tokenizer = engines["plain"].get_tokenizer()
+        cases = bundled_cases(bundled_schema_path("person.json").parent)
+        prompts = [{"prompt_token_ids": chat_prompt(tokenizer, case)} for case in cases]
+        compiler = GrammarCompiler(Vocabulary.from_transformers(tokenizer))
+        enforced = [  # what the plugin's auto serves fully: its outputs must all validate
+            not compiler.compile(Grammar.json_schema(c.schema), "auto", allow_unenforced=True)
+            .unenforced
+            for c in cases
+        ]
+        compiler.close()
+
+        def params(variant: Variant, case: DemoCase) -> Any:
+            extra: dict[str, Any] = {"temperature": 0.0, "max_tokens": max_tokens}
+            if variant.grammar == BUILTIN:
+                extra["structured_outputs"] = StructuredOutputsParams(json=case.schema)
+            elif variant.grammar is not None:
+                grammar = Grammar.json_schema(case.schema)
+                extra["extra_args"] = xargs(grammar, backend=variant.grammar, allow_unenforced=True)
+            return vllm.SamplingParams(**extra)
+
+        timer = _PluginTimer()
+        runs: dict[str, list[_Run]] = {name: [] for name in VARIANTS}
+        with timer.installed():
+            for _ in range(rounds):
+                for name in bench.rng.sample(list(VARIANTS), len(VARIANTS)):
+                    variant = VARIANTS[name]
+                    llm = engines[variant.engine]
+                    batch = [params(variant, case) for case in cases]
+                    runs[name].append(_timed(llm, prompts, batch, timer, variant, cases, enforced))
+                    bench.tick()
+    finally:
+        for llm in engines.values():
+            llm.llm_engine.engine_core.shutdown()
+    return Outcome(_rows(runs, len(cases), max_tokens))
+
+
+def _timed(
+    llm: Any,
+    prompts: list[dict[str, Any]],
+    batch: list[Any],
+    timer: _PluginTimer,
+    variant: Variant,
+    cases: list[DemoCase],
+    enforced: list[bool],
+) -> _Run:
+    timer.reset()
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, batch, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    steps = max(timer.updates.values(), default=0)
+    completions = [output.outputs[0] for output in outputs]
+    run = _Run(
+        seconds,
+        sum(len(c.token_ids) for c in completions),
+        steps,
+        timer.total,
+        list(timer.applies),
+    )
+    if variant.grammar is not None:
+        for case, completion, full in zip(cases, completions, enforced, strict=True):
+            if completion.finish_reason != "stop":
+                continue
+            run.finished += 1
+            if validate(completion.text, case.schema) == "valid":
+                run.valid += 1
+            elif full and variant.grammar != BUILTIN:
+                run.broken_enforced += 1
+    return run
+
+
+def _rows(runs: dict[str, list[_Run]], requests: int, max_tokens: int) -> list[Row]:
+    point = f"SmolLM2-135M, {requests} schemas x {max_tokens} tokens"
+    baselines = {
+        "no plugin, no grammar": "no plugin, no grammar",
+        "plugin loaded, no grammar": "no plugin, no grammar",
+    }
+    targets = {
+        "plugin loaded, no grammar": UNCHANGED,
+        "grammarmask auto": FASTER_THAN_VLLM,
+        "grammarmask xgrammar": FASTER_THAN_VLLM,
+    }
+    rate = {name: [r.tokens / r.seconds for r in done] for name, done in runs.items()}
+    rows = []
+    for name, done in runs.items():
+        baseline = baselines.get(name, "vLLM xgrammar")
+        p50, base = statistics.median(rate[name]), statistics.median(rate[baseline])
+        applies = [a for r in done for a in r.applies]
+        extra = {
+            "ms_per_step": statistics.median(r.seconds / max(r.steps, 1) for r in done) * 1e3,
+            "plugin_share": statistics.median(r.plugin_seconds / r.seconds for r in done),
+        }
+        if applies:
+            extra["apply_ms_p50"] = statistics.median(applies) * 1e3
+            extra["apply_ms_max"] = max(applies) * 1e3
+        if VARIANTS[name].grammar is not None:
+            extra["finished"] = sum(r.finished for r in done)
+            extra["valid"] = sum(r.valid for r in done)
+            if VARIANTS[name].grammar != BUILTIN:
+                extra["broken_enforced"] = sum(r.broken_enforced for r in done)
+        rows.append(
+            Row(
+                "vllm",
+                point + ("" if baseline == "vLLM xgrammar" else ", no grammar"),
+                name,
+                baseline,
+                "tok/s",
+                p50,
+                None,
+                p50 / base,
+                None,
+                targets.get(name),
+                len(done),
+                extra=extra,
+            )
+        )
+    return rows
