@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import bundled_schema
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,8 +21,6 @@ from grammarmask.integrations.vllm import (
     xargs,
 )
 from grammarmask.integrations.vllm._batch import BatchRows
-
-from conftest import bundled_schema
 
 # ---------------------------------------------------------------------- the request entry
 
@@ -178,9 +177,11 @@ class PersistentBatch:
         moved: list[Any] = []
         while None in self.rows:  # condense: the last request fills the first hole
             hole = self.rows.index(None)
-            last = max(i for i, r in enumerate(self.rows) if r is not None) if any(
-                r is not None for r in self.rows
-            ) else -1
+            last = (
+                max(i for i, r in enumerate(self.rows) if r is not None)
+                if any(r is not None for r in self.rows)
+                else -1
+            )
             if last < hole:
                 del self.rows[hole:]
                 break

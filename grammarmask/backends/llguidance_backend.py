@@ -195,7 +195,9 @@ class LLGuidanceBackend(Backend):
         options = {"whitespace_flexible": True, "whitespace_pattern": "[\\x20]{1,2}"}
         probe = json.dumps({"type": "array", "x-guidance": options})
         matcher = llguidance.LLMatcher(
-            self._tokenizer, llguidance.LLMatcher.grammar_from_lark(f"start: %json {probe}"), log_level=0
+            self._tokenizer,
+            llguidance.LLMatcher.grammar_from_lark(f"start: %json {probe}"),
+            log_level=0,
         )
         tokens = self._tokenizer.tokenize_bytes(b"[   ]")
         return matcher.try_consume_tokens(tokens) < len(tokens)

@@ -12,18 +12,17 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-import gc
 import importlib.resources
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from engines import PLUGIN, engine_args, shutdown
 
 from grammarmask.demo import DemoCase, bundled_cases
 from grammarmask.integrations.transformers import smollm2_checkpoint
+
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:

@@ -185,8 +185,9 @@ def test_mixed_batch_validates_and_leaves_other_requests_untouched(
 
     plain_llm = make_llm(additional_config={"grammarmask": {"autoload": False}})
     baseline = [
-        case if case.check is None and not case.name.startswith("fails:") else
-        same_shape(case, len(output.token_ids))
+        case
+        if case.check is None and not case.name.startswith("fails:")
+        else same_shape(case, len(output.token_ids))
         for case, output in zip(batch, outputs, strict=True)
     ]
     without = run(plain_llm, baseline)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from engines import PLUGIN, engine_args
 from vllm import SamplingParams
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -23,8 +24,6 @@ from grammarmask.integrations.vllm import (
     GrammarLogitsProcessor,
     xargs,
 )
-
-from engines import PLUGIN, engine_args
 
 PERSON = {
     "type": "object",
@@ -122,7 +121,7 @@ def test_validate_params_refuses_a_malformed_entry_with_its_reason() -> None:
     GrammarLogitsProcessor.validate_params(asking(gm.Grammar.json()))
     GrammarLogitsProcessor.validate_params(SamplingParams())
     bad = SamplingParams(extra_args={"grammarmask": '{"json_schema": {"type": "objekt"}}'})
-    with pytest.raises(ValueError, match="grammarmask: .*not a valid JSON Schema"):
+    with pytest.raises(ValueError, match=r"grammarmask: .*not a valid JSON Schema"):
         GrammarLogitsProcessor.validate_params(bad)
 
 
@@ -205,7 +204,9 @@ def test_moves_and_swaps_carry_each_grammar_with_its_request(configured: Any) ->
     assert allowed(processor, 3)[0::2] == [want_yes, want_number]
     processor.update_state(update(3, moved=[(0, 2, MoveDirectionality.SWAP)]))
     assert allowed(processor, 3)[0::2] == [want_number, want_yes]
-    processor.update_state(update(2, removed=[0], moved=[(2, 0, MoveDirectionality.UNIDIRECTIONAL)]))
+    processor.update_state(
+        update(2, removed=[0], moved=[(2, 0, MoveDirectionality.UNIDIRECTIONAL)])
+    )
     rows = allowed(processor, 2)
     assert rows[0] == want_yes and rows[1] == set(range(processor.vocab.size))
 

@@ -101,7 +101,9 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"vllm did not start in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+                pytest.fail(
+                    f"vllm did not start in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
+                )
             time.sleep(1)
         server.model = server.client.models.list().data[0].id
         yield server

@@ -183,14 +183,13 @@ class GrammarLogitsProcessor(LogitsProcessor):
             self._future = self._pool.fill_async(entries)
 
     def _admit(self, params: SamplingParams, output: list[int]) -> _Request | None:
+        refused: str | None = None
         try:
             spec = request_spec(params.extra_args)
         except GrammarError as exc:  # validate_params refused it already, unless bypassed
             spec, refused = None, f"grammarmask: {exc}"
-        else:
-            if spec is None:
-                return None
-            refused = None
+        if spec is None and refused is None:
+            return None
         request = _Request(f"vllm-{next(self._ids)}", "", output, refused=refused)
         if self._pool is None:
             request.refused = (
@@ -380,4 +379,3 @@ def _calling_batch_ids() -> Sequence[str | None] | None:
         return None
     finally:
         del frame
-
