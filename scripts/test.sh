@@ -24,7 +24,7 @@ PINNED_SUITES=(
 "$VENV/bin/python" -m pytest "$@"
 main=$?
 echo "=== on vLLM's pinned versions ($VLLM_VENV)"
-"$VLLM_VENV/bin/python" -m pytest tests/vllm "${PINNED_SUITES[@]}"
+"$VLLM_VENV/bin/python" -m pytest tests/vllm_engine "${PINNED_SUITES[@]}"
 pinned=$?
 echo "main suite: exit $main; vLLM suite: exit $pinned"
 [ "$main" -eq 0 ] && [ "$pinned" -eq 0 ]

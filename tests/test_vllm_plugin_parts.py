@@ -85,7 +85,10 @@ def test_requests_without_an_entry_ask_nothing() -> None:
         ({"ebnf": "root ::= "}, "invalid EBNF"),
         ({"choice": "yes"}, "choice must be a list"),
         ({"choice": []}, "at least one option"),
+        ("[" * 100_000, "nests too deep"),
+        ('{"regex": "' + "a" * (2 << 20) + '"}', "over the limit"),
     ],
+    ids=lambda value: value[:40] if isinstance(value, str) else None,
 )
 def test_malformed_entries_name_their_problem(entry: Any, message: str) -> None:
     with pytest.raises(gm.GrammarError, match=message) as raised:

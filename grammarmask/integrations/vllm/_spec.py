@@ -16,13 +16,15 @@ from typing import Any
 
 from ...backends import AUTO, backend_names
 from ...errors import GrammarError
-from ...grammars import DEFAULT_MAX_WHITESPACE, Grammar
+from ...grammars import DEFAULT_LIMITS, DEFAULT_MAX_WHITESPACE, Grammar
 
 EXTRA_ARGS_KEY = "grammarmask"
 """The key of `SamplingParams.extra_args` (and of `vllm_xargs`) that holds the entry."""
 
 GRAMMAR_KEYS = ("json_schema", "json", "regex", "ebnf", "choice")
 OPTION_KEYS = ("backend", "allow_unenforced", "whitespace", "strict", "max_whitespace")
+_OPTIONS_BYTES = 4096
+"""Room for the keys and options around the grammar itself (GrammarLimits bounds that)."""
 
 
 class RequestSpecError(GrammarError):
@@ -80,16 +82,35 @@ def request_spec(extra_args: Mapping[str, Any] | None) -> RequestSpec | None:
     )
 
 
-@lru_cache(maxsize=256)
+_CACHED_TEXT_BYTES = 64 << 10
+"""Entries up to this size are parsed once and remembered (vLLM validates a request in its
+front end and the plugin reads it again in the worker; servers see the same few schemas
+again and again); larger ones are parsed each time, so the cache stays small."""
+
+
 def _parse_text(text: str) -> RequestSpec:
-    """Cached: vLLM validates a request in its front end and the plugin reads it again in
-    the worker, and servers see the same few schemas again and again."""
+    if len(text) > DEFAULT_LIMITS.max_source_bytes + _OPTIONS_BYTES:
+        raise RequestSpecError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}] holds {len(text):,} characters, over the limit of "
+            f"{DEFAULT_LIMITS.max_source_bytes + _OPTIONS_BYTES:,}"
+        )
+    return _parse_small(text) if len(text) <= _CACHED_TEXT_BYTES else _parse_json(text)
+
+
+@lru_cache(maxsize=256)
+def _parse_small(text: str) -> RequestSpec:
+    return _parse_json(text)
+
+
+def _parse_json(text: str) -> RequestSpec:
     try:
         entry = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestSpecError(
             f"extra_args[{EXTRA_ARGS_KEY!r}] is not JSON: {exc.msg} at character {exc.pos}"
         ) from None
+    except RecursionError:
+        raise RequestSpecError(f"extra_args[{EXTRA_ARGS_KEY!r}] nests too deep to parse") from None
     if not isinstance(entry, dict):
         raise RequestSpecError(
             f"extra_args[{EXTRA_ARGS_KEY!r}] must be a JSON object, not {type(entry).__name__}"

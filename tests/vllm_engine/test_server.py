@@ -19,7 +19,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from engines import PLUGIN
+from vllm_engine.engines import PLUGIN
 
 import grammarmask as gm
 from grammarmask.demo import DemoCase, validate

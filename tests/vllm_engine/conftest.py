@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import PLUGIN, engine_args, shutdown
+from vllm_engine.engines import PLUGIN, engine_args, shutdown
 
 from grammarmask.demo import DemoCase, bundled_cases
 from grammarmask.integrations.transformers import smollm2_checkpoint

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from engines import PLUGIN, engine_args
+from vllm_engine.engines import PLUGIN, engine_args
 from vllm import SamplingParams
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
