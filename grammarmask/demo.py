@@ -107,10 +107,12 @@ def run_demo(
     max_new_tokens: int = 200,
     contrast_tokens: int = 80,
     repetition_penalty: float = 1.0,
-    out: Any = sys.stdout,
+    out: Any = None,
 ) -> int:
-    """Constrained and unconstrained answers for each bundled schema; returns the number of
-    constrained answers that do not validate."""
+    """Constrained and unconstrained answers for each bundled schema, written to `out`
+    (default: sys.stdout as it is when called); returns the number of constrained answers
+    that do not validate."""
+    out = sys.stdout if out is None else out
     started = time.perf_counter()
     model, tokenizer, vocab = _load_model()
     print(
