@@ -41,7 +41,8 @@ def vllm_config(model_dir: Path) -> VllmConfig:
 
 @pytest.fixture
 def configured(vllm_config: VllmConfig) -> Iterator[Any]:
-    """Builds processors for the config with `additional_config` set as asked."""
+    """Builds processors for the config with `additional_config` set as asked (backend
+    xgrammar unless asked otherwise: `expected` reads its masks off xgrammar)."""
     made: list[GrammarLogitsProcessor] = []
     saved = vllm_config.additional_config, vllm_config.model_config.logits_processors
 
@@ -50,7 +51,7 @@ def configured(vllm_config: VllmConfig) -> Iterator[Any]:
         named: Sequence[Any] | None = (PLUGIN,),
         **settings: Any,
     ) -> GrammarLogitsProcessor:
-        vllm_config.additional_config = {"grammarmask": settings}
+        vllm_config.additional_config = {"grammarmask": {"backend": "xgrammar", **settings}}
         vllm_config.model_config.logits_processors = list(named) if named else None
         processor = cls(vllm_config, torch.device("cpu"), False)
         made.append(processor)
