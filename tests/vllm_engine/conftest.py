@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_engine.engines import PLUGIN, engine_args, shutdown
 
 from grammarmask.demo import DemoCase, bundled_cases
 from grammarmask.integrations.transformers import smollm2_checkpoint
+from vllm_engine.engines import PLUGIN, engine_args, shutdown
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_engine.engines import PLUGIN, engine_args
 from vllm import SamplingParams
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -24,6 +23,7 @@ from grammarmask.integrations.vllm import (
     GrammarLogitsProcessor,
     xargs,
 )
+from vllm_engine.engines import PLUGIN, engine_args
 
 PERSON = {
     "type": "object",

@@ -19,11 +19,11 @@ import httpx
 import openai
 import psutil
 import pytest
-from vllm_engine.engines import PLUGIN
 
 import grammarmask as gm
 from grammarmask.demo import DemoCase, validate
 from grammarmask.integrations.vllm import xargs
+from vllm_engine.engines import PLUGIN
 
 START_TIMEOUT_S = 240
 
