@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import threading
 import time
 import weakref
@@ -37,6 +38,23 @@ from .errors import GrammarError, GrammarMaskError
 from .grammars import Grammar
 from .steps import RequestId, StepPlan, integer_ids, listed
 from .vocabulary import Vocabulary
+
+
+def require_gil(gil_enabled: Callable[[], bool] | None = None) -> None:
+    """Refuse to run without the GIL: a step's fill threads claim requests and record
+    outcomes without locks (see StepFill), relying on `next()` and `dict.setdefault` being
+    single steps under the GIL. `gil_enabled` is `sys._is_gil_enabled` (CPython 3.13 on)."""
+    check = gil_enabled or getattr(sys, "_is_gil_enabled", None)
+    if check is not None and not check():
+        raise ImportError(
+            "grammarmask needs the GIL: its mask fill shares a step between threads "
+            "without locks, which is safe only under the GIL. This interpreter runs "
+            "free-threaded; start it with PYTHON_GIL=1 (or -X gil=1), or use a default "
+            "CPython build."
+        )
+
+
+require_gil()
 
 Status = Literal["active", "finished", "failed"]
 DEADLINE_REASON = "mask deadline exceeded"

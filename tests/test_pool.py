@@ -651,3 +651,13 @@ def test_rows_in_any_order_get_their_own_masks(deepseek: gm.Vocabulary) -> None:
         shuffled = pool.fill([("shuffled", digits)], row_indices=[rows], num_rows=4)
         for depth, row in enumerate(rows):
             assert torch.equal(shuffled.bitmask[row], ordered.bitmask[depth]), depth
+
+
+def test_a_free_threaded_interpreter_is_refused_with_the_way_out() -> None:
+    """The step's lock-free claims rely on the GIL (see StepFill): without it, importing
+    grammarmask fails and says how to turn the GIL back on."""
+    from grammarmask.matchers import require_gil
+
+    require_gil(lambda: True)
+    with pytest.raises(ImportError, match=r"needs the GIL.*PYTHON_GIL=1"):
+        require_gil(lambda: False)
