@@ -258,4 +258,8 @@ def test_switched_off_it_ends_grammar_requests_instead_of_ignoring_them(
     rows = allowed(off, 2)
     assert rows[0] == set(off.vocab.stop_token_ids)
     assert rows[1] == set(range(off.vocab.size))
-    assert any("switched off" in m for m in plugin_log)
+    refused = [m for m in plugin_log if " failed: " in m]
+    assert len(refused) == 1 and "switched off on this engine" in refused[0], plugin_log
+    off.update_state(None)
+    allowed(off, 2)
+    assert len([m for m in plugin_log if " failed: " in m]) == 1  # logged once

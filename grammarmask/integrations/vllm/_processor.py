@@ -210,14 +210,16 @@ class GrammarLogitsProcessor(LogitsProcessor):
         )
 
     def _label_new(self) -> None:
-        """Name new requests by vLLM's request id: vLLM's batch updates carry none, but
-        the batch that calls us holds them by row."""
+        """Name new requests by vLLM's request id (vLLM's batch updates carry none, but
+        the batch that calls us holds them by row), and log those refused on arrival."""
         req_ids = _calling_batch_ids()
         for index, request in self._rows.items():
             if not request.labelled:
                 request.labelled = True
                 found = req_ids[index] if req_ids is not None and index < len(req_ids) else None
                 request.label = str(found) if found is not None else request.pool_id
+                if request.refused is not None:
+                    self._report(request, request.refused)
 
     def _commit(self, request: _Request) -> bool:
         """Hand the pool the request's new tokens; True if a placeholder stopped it."""
