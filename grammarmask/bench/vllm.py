@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..demo import DemoCase, chat_prompt, validate
@@ -123,6 +124,24 @@ class _PluginTimer:
             GrammarLogitsProcessor.update_state, GrammarLogitsProcessor.apply = originals  # type: ignore[method-assign]
 
 
+def smollm2_engine_args(model_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """`vllm.LLM` arguments for SmolLM2 on a small CPU machine: bf16, a 1 GiB KV cache (vLLM's
+    CPU build otherwise reserves most of the memory), the worker in the caller's process, and
+    no prefix cache, so that two runs of one batch take steps of the same shapes."""
+    return {
+        "model": str(model_dir),
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "max_num_seqs": 16,
+        "kv_cache_memory_bytes": 1 << 30,
+        "distributed_executor_backend": "uni",
+        "enable_prefix_caching": False,
+        "seed": 0,
+        **overrides,
+    }
+
+
 def run_vllm(bench: Bench) -> Outcome:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in this process
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the table, not vLLM's start-up log
@@ -137,25 +156,15 @@ def run_vllm(bench: Bench) -> Outcome:
     from ..compiler import GrammarCompiler
     from ..demo import bundled_cases
     from ..integrations.transformers import smollm2_checkpoint
-    from ..integrations.vllm import xargs
+    from ..integrations.vllm import PROCESSOR_PATH, xargs
     from ..vocabulary import Vocabulary
 
     config = bench.config
     rounds = config.pick(1, 3, 6)
     copies = config.pick(1, 2, 2)
     bench.plan(3 + (rounds + 1) * len(VARIANTS), "vllm (starting 3 engines)")
-    common: dict[str, Any] = {
-        "model": str(smollm2_checkpoint()),
-        "dtype": "bfloat16",
-        "max_model_len": 2048,
-        "enforce_eager": True,
-        "max_num_seqs": 16,
-        "kv_cache_memory_bytes": 1 << 30,
-        "distributed_executor_backend": "uni",
-        "enable_prefix_caching": False,
-        "seed": config.seed,
-    }
-    plugin = ["grammarmask.integrations.vllm:GrammarLogitsProcessor"]
+    common = smollm2_engine_args(smollm2_checkpoint(), seed=config.seed)
+    plugin = [PROCESSOR_PATH]
     engines: dict[str, Any] = {}
     for name in ("xgrammar", "guidance"):
         engines[name] = vllm.LLM(

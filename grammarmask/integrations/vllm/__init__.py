@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._settings import CONFIG_KEY, PluginSettings, SettingsError
+from ._settings import CONFIG_KEY, PROCESSOR_PATH, PluginSettings, SettingsError
 from ._spec import EXTRA_ARGS_KEY, RequestSpec, RequestSpecError, request_spec, xargs
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CONFIG_KEY",
     "EXTRA_ARGS_KEY",
+    "PROCESSOR_PATH",
     "EntryPointGrammarLogitsProcessor",
     "GrammarLogitsProcessor",
     "PluginSettings",

@@ -29,8 +29,8 @@ from ...pool import MaskFuture, MatcherPool
 from ...steps import BatchEntry
 from ...vocabulary import Vocabulary
 from ._batch import BatchRows
-from ._settings import PluginSettings
-from ._spec import RequestSpec, request_spec
+from ._settings import PROCESSOR_PATH, PluginSettings
+from ._spec import request_spec
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -123,7 +123,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 "grammarmask was loaded through its entry point only: with async scheduling "
                 "vLLM then hides the sampled tokens from it and every grammar request ends "
                 "at once; start vLLM with --logits-processors %s",
-                _FQCN,
+                PROCESSOR_PATH,
             )
         logger.info(
             "grammarmask: backend %s, %d %s worker(s), compile timeout %g s",
@@ -194,20 +194,16 @@ class GrammarLogitsProcessor(LogitsProcessor):
         if self._pool is None:
             request.refused = (
                 'grammarmask is switched off on this engine (additional_config {"grammarmask": '
-                f'{{"autoload": false}}}} and no --logits-processors {_FQCN})'
+                f'{{"autoload": false}}}} and no --logits-processors {PROCESSOR_PATH})'
             )
         elif spec is not None and refused is None:
-            self._add(request, spec)
+            self._pool.add(
+                request.pool_id,
+                spec.grammar,
+                backend=spec.backend,
+                allow_unenforced=spec.allow_unenforced,
+            )
         return request
-
-    def _add(self, request: _Request, spec: RequestSpec) -> None:
-        assert self._pool is not None
-        self._pool.add(
-            request.pool_id,
-            spec.grammar,
-            backend=spec.backend,
-            allow_unenforced=spec.allow_unenforced,
-        )
 
     def _label_new(self) -> None:
         """Name new requests by vLLM's request id (vLLM's batch updates carry none, but
@@ -270,7 +266,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 self._refuse(
                     request,
                     "vLLM did not pass the sampled tokens to the plugin (async scheduling "
-                    f"without --logits-processors {_FQCN})",
+                    f"without --logits-processors {PROCESSOR_PATH})",
                 )
                 entries[index] = (None, ())
         return entries
@@ -324,9 +320,6 @@ class EntryPointGrammarLogitsProcessor(GrammarLogitsProcessor):
         if _named(vllm_config, GrammarLogitsProcessor):
             return "aside"
         return "serve" if self._settings.autoload else "refuse"
-
-
-_FQCN = "grammarmask.integrations.vllm:GrammarLogitsProcessor"
 
 
 def _named(vllm_config: VllmConfig, cls: type) -> bool:

@@ -10,6 +10,9 @@ from typing import Any, Literal
 from ...backends import AUTO, backend_names
 from ...errors import GrammarMaskError
 
+PROCESSOR_PATH = "grammarmask.integrations.vllm:GrammarLogitsProcessor"
+"""What `--logits-processors` (or `LLM(logits_processors=[...])`) names to turn the plugin on."""
+
 CONFIG_KEY = "grammarmask"
 """The key of vLLM's `additional_config` that holds these settings."""
 
