@@ -1,7 +1,7 @@
 """The one compiled part: the CPU mask kernel (everything else is in pyproject.toml).
 
 `optional=True`: without a C compiler the install still succeeds and apply_bitmask runs
-its tensor-op path on CPU too (slower; grammarmask.kernels logs a warning once).
+its tensor-op path on CPU too (slower; grammarmask.device.kernels logs a warning once).
 """
 
 from setuptools import Extension, setup
@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "grammarmask._maskkernel",
-            sources=["grammarmask/_maskkernel.c"],
+            "grammarmask.device._maskkernel",
+            sources=["grammarmask/device/_maskkernel.c"],
             extra_compile_args=["-O3", "-Wall", "-Wextra"],
             optional=True,
         )

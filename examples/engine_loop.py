@@ -16,7 +16,7 @@ import json
 import torch
 
 import grammarmask as gm
-from grammarmask.known_vocabs import load_vocabulary
+from grammarmask.tools.known_vocabs import load_vocabulary
 
 REQUESTS = {
     "weather": gm.Grammar.json_schema(

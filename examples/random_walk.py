@@ -15,7 +15,7 @@ import jsonschema
 import torch
 
 import grammarmask as gm
-from grammarmask.known_vocabs import load_vocabulary
+from grammarmask.tools.known_vocabs import load_vocabulary
 
 
 def allowed(mask_row: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,6 +1,11 @@
-"""grammarmask: grammar-constrained decoding masks for an LLM engine's sampler."""
+"""grammarmask: grammar-constrained decoding masks for an LLM engine's sampler.
+
+The public API is what this module exports; every other module is internal.
+"""
 
 from __future__ import annotations
+
+__version__ = "0.1.0"
 
 from .backends import (
     AUTO_ORDER,
@@ -13,8 +18,11 @@ from .backends import (
     words_per_row,
 )
 from .compiler import GrammarCompiler
+from .device.kernels import apply_bitmask
 from .enforcement import Unenforced
 from .errors import (
+    ApplyError,
+    BatchError,
     CompileError,
     CompileTimeoutError,
     GrammarError,
@@ -30,9 +38,8 @@ from .errors import (
     VocabularyError,
 )
 from .grammars import Grammar, GrammarLimits
-from .kernels import ApplyError, apply_bitmask
 from .pool import MaskFuture, MatcherPool, RequestState
-from .steps import BatchError, StepMasks
+from .pool.plan import StepMasks
 from .vocabulary import Vocabulary
 
 __all__ = [
@@ -64,6 +71,7 @@ __all__ = [
     "UnsupportedGrammarError",
     "Vocabulary",
     "VocabularyError",
+    "__version__",
     "apply_bitmask",
     "backend_names",
     "create_backend",

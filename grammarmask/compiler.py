@@ -252,7 +252,7 @@ def wait_compiled(future: Future[CompiledGrammar], timeout: float | None) -> Com
 
     A cached failure is raised again on every request that asks for it; raising the one
     stored exception object would grow its traceback each time, keeping every frame (and
-    the masks they hold) alive: the fault soak leaked ~1 MB per bad grammar that way.
+    the masks they hold) alive.
     Raises concurrent.futures.TimeoutError if not done within `timeout`.
     """
     error = future.exception(timeout=timeout)

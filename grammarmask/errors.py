@@ -1,4 +1,5 @@
-"""Exception classes: one family per kind of bad input, so callers can catch precisely."""
+"""Every exception class of grammarmask: one family per kind of bad input, so callers can
+catch precisely."""
 
 from __future__ import annotations
 
@@ -63,3 +64,35 @@ class NotFullyEnforcedError(GrammarError):
     def __init__(self, message: str, reasons: dict[str, tuple[str, ...]]) -> None:
         super().__init__(message)
         self.reasons = reasons
+
+
+class BatchError(GrammarMaskError, ValueError):
+    """A batch whose layout is inconsistent: the engine's mistake, not one request's."""
+
+
+class ApplyError(GrammarMaskError, ValueError):
+    """Logits that do not fit the masks: the engine's mistake, raised at once."""
+
+
+class SettingsError(GrammarMaskError, ValueError):
+    """Plugin settings (vLLM's `additional_config["grammarmask"]`) that cannot be used; the
+    engine does not start."""
+
+
+class RequestSpecError(GrammarError):
+    """A request's grammarmask entry (vLLM's `extra_args`) that cannot be served; the message
+    says what to change."""
+
+
+class RequestFault(GrammarMaskError):
+    """A problem that fails one request. Internal: caught where it is raised and kept as the
+    request's reason, never raised to the engine."""
+
+
+class WorkerGone(GrammarMaskError):
+    """Internal: a worker process died or hung during a call; its requests have been
+    failed, and it has been replaced."""
+
+
+class Counterexample(AssertionError):
+    """A fuzzing property failed; the message shows the shrunk example."""

@@ -15,8 +15,9 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import grammarmask as gm
-from grammarmask.conformance import feed
-from grammarmask.known_vocabs import load_smollm2_tokenizer, load_vocabulary, package_dir
+from grammarmask.resources import package_dir, schemas_dir
+from grammarmask.tools.conformance import feed
+from grammarmask.tools.known_vocabs import load_smollm2_tokenizer, load_vocabulary
 
 settings.register_profile(
     "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -33,7 +34,7 @@ XGRAMMAR_028 = importlib.metadata.version("xgrammar").startswith("0.2.8")
 such (the suites run on it in the vLLM environment, see scripts/test.sh)."""
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = ROOT / "schemas"
+SCHEMAS = schemas_dir()
 CORPUS = Path(os.environ.get("GRAMMARMASK_CORPUS", ROOT.parent / "shared" / "corpus" / "maskbench"))
 
 

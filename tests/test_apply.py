@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
-from grammarmask import kernels
-from grammarmask.kernels import unpack_rows
+from grammarmask.device import kernels
+from grammarmask.device.kernels import unpack_rows
 
 
 def _masks(bitmask: torch.Tensor, grammar_rows: list[int], vocab_size: int) -> gm.StepMasks:
@@ -465,9 +465,9 @@ def test_without_the_compiled_kernel_apply_says_so_and_still_masks() -> None:
     """An install without a C compiler: a warning names the missing kernel, and CPU apply
     runs the tensor-op path."""
     script = (
-        "import sys; sys.modules['grammarmask._maskkernel'] = None\n"
+        "import sys; sys.modules['grammarmask.device._maskkernel'] = None\n"
         "import torch, grammarmask as gm\n"
-        "from grammarmask import kernels\n"
+        "from grammarmask.device import kernels\n"
         "assert kernels._native is None\n"
         "logits = torch.zeros(1, 40)\n"
         "masks = gm.StepMasks(bitmask=torch.tensor([[5, 0]], dtype=torch.int32),"
@@ -481,5 +481,5 @@ def test_without_the_compiled_kernel_apply_says_so_and_still_masks() -> None:
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
-    assert "grammarmask._maskkernel is not built" in result.stderr
+    assert "grammarmask.device._maskkernel is not built" in result.stderr
     assert result.stdout.strip() == "[0, 2]"

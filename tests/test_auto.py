@@ -10,7 +10,7 @@ import pytest
 from conftest import accepts_all, allowed_ids, ids_in_row
 
 import grammarmask as gm
-from grammarmask.cli import main
+from grammarmask.tools.cli import main
 
 PLAIN = {
     "type": "object",

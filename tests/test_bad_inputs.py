@@ -3,8 +3,8 @@
 One row per kind. Engine mistakes (batch layout, logits, configuration, API misuse) raise
 at once; a request's own problems (its grammar, its tokens, its id) fail that request
 alone: its state becomes `failed` with the reason, and a bystander request in the same
-pool keeps bit-identical masks. The README's "Bad input" table is rendered from this table
-(`python tests/test_bad_inputs.py` prints it) and a test keeps the two identical.
+pool keeps bit-identical masks. The table in docs/bad-inputs.md is rendered from this
+table (`python tests/test_bad_inputs.py` prints it) and a test keeps the two identical.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 import grammarmask as gm
 from grammarmask.integrations.engine import ReferenceEngine
-from grammarmask.steps import BatchEntry
+from grammarmask.pool.plan import BatchEntry
 
 FAILED = "request failed"
 """Outcome of a request-level problem: a RequestState with status 'failed'."""
@@ -468,7 +468,7 @@ def test_a_draft_list_at_max_drafts_is_served(ctx: Ctx) -> None:
 
 
 def render_table() -> str:
-    """The README table, one line per catalogue row."""
+    """The docs/bad-inputs.md table, one line per catalogue row."""
     lines = ["| area | bad input | caller gets | message (excerpt) |", "|---|---|---|---|"]
     for row in CATALOGUE:
         outcome = "state `failed`" if row.outcome == FAILED else f"raises `{row.outcome}`"
@@ -477,15 +477,17 @@ def render_table() -> str:
     return "\n".join(lines)
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "bad-inputs.md"
 BEGIN, END = "<!-- bad-input table: python tests/test_bad_inputs.py -->", "<!-- end of table -->"
 
 
-def test_readme_table_is_the_catalogue() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert BEGIN in text and END in text, "README lacks the bad-input table markers"
+def test_doc_table_is_the_catalogue() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text, "docs/bad-inputs.md lacks the bad-input table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == render_table(), "README table is stale: python tests/test_bad_inputs.py"
+    assert table == render_table(), (
+        "docs/bad-inputs.md table is stale: python tests/test_bad_inputs.py"
+    )
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ import jsonschema
 import pytest
 
 import grammarmask as gm
-from grammarmask.bench import SCENARIOS, BenchConfig, run_bench
-from grammarmask.bench.context import Bench
-from grammarmask.bench.fill import NAIVE, SPLIT, GridCell, fill_grid
-from grammarmask.bench.overlap import FILL_ALONE, FORWARDS, WITH_MASKS
-from grammarmask.bench.report import (
+from grammarmask.resources import bundled_sample_dir
+from grammarmask.tools.bench import SCENARIOS, BenchConfig, run_bench
+from grammarmask.tools.bench.context import Bench
+from grammarmask.tools.bench.fill import NAIVE, SPLIT, GridCell, fill_grid
+from grammarmask.tools.bench.overlap import FILL_ALONE, FORWARDS, WITH_MASKS
+from grammarmask.tools.bench.report import (
     RESULT_SCHEMA,
     Row,
     Target,
@@ -28,9 +29,8 @@ from grammarmask.bench.report import (
     percentile,
     table,
 )
-from grammarmask.bench.workload import pick_instances
-from grammarmask.cli import main
-from grammarmask.conformance import bundled_sample_dir
+from grammarmask.tools.bench.workload import pick_instances
+from grammarmask.tools.cli import main
 
 CPU_SCENARIOS = [name for name in SCENARIOS if name not in ("e2e", "vllm")]
 
@@ -219,7 +219,7 @@ def test_pinned_schemas_are_replayed_by_name_and_draws_are_per_point(
 @pytest.mark.parametrize(
     ("script", "env", "message"),
     [
-        ("gpu_check.sh", {}, "no .gpukit/ here: run benchmarks/gpu_kit.sh"),
+        ("gpu_check.sh", {}, "no .gpukit/ here: run scripts/gpu_kit.sh"),
         ("gpu_kit.sh", {"GRAMMARMASK_CORPUS": "/nonexistent"}, "no MaskBench corpus at"),
     ],
 )
@@ -228,9 +228,9 @@ def test_gpu_scripts_name_what_is_missing(
 ) -> None:
     """The offline GPU check refuses (exit 2, saying why) before installing or fetching
     anything when its kit, or the kit's corpus, is not there."""
-    folder = tmp_path / "benchmarks"
+    folder = tmp_path / "scripts"
     folder.mkdir()
-    shutil.copy(Path(__file__).parent.parent / "benchmarks" / script, folder)
+    shutil.copy(Path(__file__).parent.parent / "scripts" / script, folder)
     done = subprocess.run(
         ["bash", str(folder / script)],
         env={**os.environ, **env, "OUT": str(tmp_path / "out")},

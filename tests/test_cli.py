@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grammarmask.cli import main
+from grammarmask.tools.cli import main
 
 
 def _write(tmp_path: Path, schema: object) -> str:

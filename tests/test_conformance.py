@@ -13,8 +13,8 @@ import pytest
 from conftest import XGRAMMAR_028
 
 import grammarmask as gm
-from grammarmask import conformance as cf
-from grammarmask.cli import main
+from grammarmask.tools import conformance as cf
+from grammarmask.tools.cli import main
 
 SAMPLE = cf.bundled_sample_dir()
 
@@ -106,7 +106,7 @@ def test_cli_refuses_unknown_backends_and_missing_directories(tmp_path: Path) ->
 
 FAULTY_WORKER = """
 import ctypes, sys, time
-from grammarmask import _conformance_worker as worker
+from grammarmask.tools import _conformance_worker as worker
 
 check = worker.Checker.check
 

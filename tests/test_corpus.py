@@ -107,7 +107,8 @@ def test_draft_rows_on_random_corpus_schemas(
     deepseek: gm.Vocabulary,
     deepseek_encode: Callable[[str], list[int]],
 ) -> None:
-    """DESIGN invariants 1 and 2 on random MaskBench schemas replaying their valid instances."""
+    """Invariants 1 and 2 of docs/design.md on random MaskBench schemas, replaying their valid
+    instances."""
     compiler = corpus_compiler
     entry = json.loads(data.draw(st.sampled_from(corpus_files)).read_text(encoding="utf-8"))
     valid = [t["data"] for t in entry.get("tests", []) if t["valid"]]

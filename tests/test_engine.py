@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
-from grammarmask.detokenize import IncrementalDetokenizer
 from grammarmask.integrations.engine import GenerationRequest, ReferenceEngine, propose_ngram
-from grammarmask.sampling import SamplingParams
+from grammarmask.integrations.engine.detokenize import IncrementalDetokenizer
+from grammarmask.integrations.engine.sampling import SamplingParams
 
 
 class RandomModel:

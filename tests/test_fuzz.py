@@ -14,8 +14,8 @@ from conftest import SCHEMAS, bundled_schema
 from hypothesis import settings
 
 import grammarmask as gm
-from grammarmask.cli import main
-from grammarmask.fuzz import SchemaFuzzer, known_gap
+from grammarmask.tools.cli import main
+from grammarmask.tools.fuzz import SchemaFuzzer, known_gap
 
 EXAMPLES = 5 if settings.default.max_examples <= 25 else settings.default.max_examples
 BACKENDS = ("xgrammar", "llguidance")
@@ -120,7 +120,7 @@ def test_fuzz_cli_prints_a_table_and_refuses_unknown_backends(
 def test_xgrammar_refuses_encoded_surrogates(
     deepseek: gm.Vocabulary, fuzz_compiler: gm.GrammarCompiler
 ) -> None:
-    from grammarmask.conformance import byte_token_ids, feed
+    from grammarmask.tools.conformance import byte_token_ids, feed
 
     byte_ids = byte_token_ids(deepseek)
     matcher = fuzz_compiler.compile(

@@ -1,8 +1,9 @@
-"""The matcher pool: DESIGN.md's step invariants, each as a test."""
+"""The matcher pool: the step invariants of docs/design.md, each as a test."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import threading
 from collections.abc import Callable
@@ -20,8 +21,10 @@ import grammarmask as gm
 import grammarmask.pool
 from grammarmask.backends import xgrammar_backend
 from grammarmask.backends.xgrammar_backend import XGrammarMatcher
-from grammarmask.matchers import MatcherTable
-from grammarmask.steps import BatchError, StepPlan, _entries_one_by_one
+from grammarmask.errors import BatchError
+from grammarmask.pool.plan import StepPlan, _entries_one_by_one
+from grammarmask.pool.requests import RequestTable
+from grammarmask.pool.thread_host import ThreadMode
 
 NAMES = [
     "person",
@@ -328,7 +331,7 @@ def test_the_pool_times_both_thread_modes_and_keeps_the_faster() -> None:
     less per request in its recent steps (their median: one slow step is not enough), the
     other tried every EXPLORE_EVERY-th step; a step of one request always keeps to one
     thread."""
-    mode = grammarmask.pool._ThreadMode()
+    mode = ThreadMode()
     assert mode.alone(1) and mode.alone_seconds(10) == 0.0
     turns = []
     for _ in range(2 * mode.WARM_UP):
@@ -360,20 +363,20 @@ def test_steps_on_one_thread_or_on_all(
     grammar, ids = cases["person"]
     fillers: list[threading.Thread] = []
     submitted: list[object] = []
-    real_fill_rows = MatcherTable.fill_rows
+    real_fill_rows = RequestTable.fill_rows
 
-    def noted_fill_rows(table: MatcherTable, *args: Any) -> tuple[int, str | None]:
+    def noted_fill_rows(table: RequestTable, *args: Any) -> tuple[int, str | None]:
         fillers.append(threading.current_thread())
         return real_fill_rows(table, *args)
 
     with _new_pool(deepseek, compiler, workers=2) as pool:
         batch = _staggered(pool, grammar, ids, 6, drafts=2)
         expected = pool.fill(batch).bitmask.clone()
-        mode = pool._executor.mode  # type: ignore[attr-defined]
+        mode = pool.host.mode
         monkeypatch.setattr(mode, "alone", lambda requests: True)
         monkeypatch.setattr(mode, "alone_seconds", lambda requests: 10.0)  # never widened
-        monkeypatch.setattr(MatcherTable, "fill_rows", noted_fill_rows)
-        executor = pool._executor._executor  # type: ignore[attr-defined]
+        monkeypatch.setattr(RequestTable, "fill_rows", noted_fill_rows)
+        executor = pool.host.fill_threads
         real_submit = executor.submit
         monkeypatch.setattr(
             executor, "submit", lambda *a, **k: (submitted.append(a), real_submit(*a, **k))[1]
@@ -418,7 +421,7 @@ def test_one_row_requests_share_batch_calls_on_two_threads(
     assert not calls  # one thread: a call per request cost no more
     with _new_pool(deepseek, compiler, workers=2) as pool:
         _staggered(pool, grammar, ids, 24, drafts=0)
-        monkeypatch.setattr(pool._executor.mode, "alone", lambda requests: False)  # type: ignore[attr-defined]
+        monkeypatch.setattr(pool.host.mode, "alone", lambda requests: False)
         assert torch.equal(pool.fill(batch).bitmask, expected)
         assert sum(calls) == 24 and max(calls) == 6
         calls.clear()
@@ -436,7 +439,7 @@ def test_one_row_requests_share_batch_calls_on_two_threads(
                 raise RuntimeError("injected batch fault")
 
         monkeypatch.setattr(xgrammar_backend, "_thread_batcher", Refusing)
-        for slot in pool._transfer._host:  # type: ignore[attr-defined]
+        for slot in pool.transfer.host_slots:
             slot.zero_()  # no rows left over from earlier steps
         calls.clear()
         masks = pool.fill(batch)
@@ -460,9 +463,9 @@ def test_the_thread_waiting_for_a_step_fills_too(
     caller = threading.current_thread()
     filled_by_caller = threading.Event()
     fillers: list[threading.Thread] = []
-    real_fill_rows = MatcherTable.fill_rows
+    real_fill_rows = RequestTable.fill_rows
 
-    def held_fill_rows(table: MatcherTable, *args: Any) -> tuple[int, str | None]:
+    def held_fill_rows(table: RequestTable, *args: Any) -> tuple[int, str | None]:
         fillers.append(threading.current_thread())
         if threading.current_thread() is not caller:
             filled_by_caller.wait(timeout=5.0)
@@ -474,7 +477,7 @@ def test_the_thread_waiting_for_a_step_fills_too(
     with _new_pool(deepseek, compiler, workers=1) as pool:
         batch = _staggered(pool, grammar, ids, 4, drafts=3)
         expected = pool.fill(batch).bitmask.clone()
-        monkeypatch.setattr(MatcherTable, "fill_rows", held_fill_rows)
+        monkeypatch.setattr(RequestTable, "fill_rows", held_fill_rows)
         masks = pool.fill_async(batch).wait()
         assert filled_by_caller.is_set() and caller in fillers
         assert torch.equal(masks.bitmask, expected) and masks.failures == {}
@@ -506,6 +509,38 @@ def test_lifecycle_states(
         assert _stop_only(deepseek, masks.bitmask[0])
         again = pool.fill([("ghost", [])]).failures  # no record kept: refused every step
         assert "add() it before its first step" in again["ghost"]
+
+
+@pytest.mark.parametrize("log_failures", [True, False])
+def test_each_failed_request_is_logged_once_with_its_id_and_reason(
+    deepseek: gm.Vocabulary,
+    deepseek_encode: Callable[[str], list[int]],
+    caplog: pytest.LogCaptureFixture,
+    log_failures: bool,
+) -> None:
+    """A failure is logged at WARNING once, however often the engine hears of it (steps,
+    commits, state queries); again after the id is removed and reused; never when the
+    engine logs failures itself."""
+    caplog.set_level(logging.WARNING, logger="grammarmask")
+    with gm.MatcherPool(deepseek, workers=1, log_failures=log_failures) as pool:
+        pool.add("bad", gm.Grammar.regex("a"))
+        pool.add("good", gm.Grammar.regex("[0-9]+"))
+        no = deepseek_encode("b")
+        assert pool.commit("bad", no).status == "failed"
+        for _ in range(3):
+            pool.fill([("bad", []), ("good", [])])
+            pool.state("bad")
+            pool.commit("bad", no)
+        assert pool.state("good").status == "active"
+        pool.remove("bad")
+        pool.add("bad", gm.Grammar.regex("a"))
+        pool.commit("bad", no)
+    records = [r for r in caplog.records if r.name == "grammarmask"]
+    if not log_failures:
+        assert records == []
+        return
+    assert [r.levelno for r in records] == [logging.WARNING] * 2
+    assert all("'bad'" in r.getMessage() and "is not allowed" in r.getMessage() for r in records)
 
 
 _MESSY_IDS = st.sampled_from([None, "a", "b", "c", ["unhashable"], 3])
@@ -656,7 +691,7 @@ def test_rows_in_any_order_get_their_own_masks(deepseek: gm.Vocabulary) -> None:
 def test_a_free_threaded_interpreter_is_refused_with_the_way_out() -> None:
     """The step's lock-free claims rely on the GIL (see StepFill): without it, importing
     grammarmask fails and says how to turn the GIL back on."""
-    from grammarmask.matchers import require_gil
+    from grammarmask.pool.gil import require_gil
 
     require_gil(lambda: True)
     with pytest.raises(ImportError, match=r"needs the GIL.*PYTHON_GIL=1"):

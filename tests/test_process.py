@@ -153,7 +153,7 @@ def test_a_worker_dying_mid_fill_fails_only_its_requests(
     """SIGSEGV, abort() or SIGKILL in the middle of a fill: the requests the worker held fail
     with the signal's name, everyone else's rows are exact, the worker comes back."""
     grammar, ids = cases["meeting"]
-    executor = process_pool._executor
+    host = process_pool.host
     fault = "faulty-hang" if crash == "killed" else f"faulty-{crash}"
     victim = _add([process_pool], grammar, [], fault)
     healthy: list[str] = []
@@ -163,9 +163,9 @@ def test_a_worker_dying_mid_fill_fails_only_its_requests(
         or {_worker(process_pool, r) for r in healthy} == {1}
     ):
         healthy.append(_add([process_pool, thread_pool], grammar, ids[:4]))
-    restarts = executor.restarts  # type: ignore[attr-defined]
+    restarts = host.restarts
     if crash == "killed":
-        pid = executor.pids()[_worker(process_pool, victim)]  # type: ignore[attr-defined]
+        pid = host.pids()[_worker(process_pool, victim)]
         threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
     batch = [(rid, ids[4:7]) for rid in healthy] + [(victim, ids[:3])]
     got = process_pool.fill(batch)
@@ -181,7 +181,7 @@ def test_a_worker_dying_mid_fill_fails_only_its_requests(
             assert rid not in got.failures
             assert torch.equal(_rows(got, rid), _rows(want, rid)), rid
             assert process_pool.commit(rid, ids[4:5]).status == "active"
-    assert executor.restarts == restarts + 1  # type: ignore[attr-defined]
+    assert host.restarts == restarts + 1
     fresh = [_add([process_pool, thread_pool], grammar, ids[:2]) for _ in range(3)]
     later = [(rid, ids[2:4]) for rid in fresh]
     got, want = process_pool.fill(later), thread_pool.fill(later)
@@ -190,7 +190,7 @@ def test_a_worker_dying_mid_fill_fails_only_its_requests(
 
 def _worker(pool: gm.MatcherPool, rid: str) -> int:
     """Which worker process holds a request (tests only: it is the pool's private detail)."""
-    return int(pool._executor._held[rid].worker)  # type: ignore[attr-defined]
+    return pool.host.worker_of(rid)
 
 
 def test_a_backend_crashing_while_compiling_fails_its_worker_only(
@@ -261,7 +261,7 @@ def test_a_hang_in_a_step_on_one_thread_holds_up_no_one(
         layout = [(rid, ids[3:5]) for rid in healthy]
         want = [pool.fill(layout).bitmask.clone() for _ in range(2)][-1]
         late = _add([pool], grammar, [], "faulty-hang")
-        mode = pool._executor.mode  # type: ignore[attr-defined]
+        mode = pool.host.mode
         monkeypatch.setattr(mode, "alone", lambda requests: True)
         got = pool.fill_async([(late, []), *layout]).wait(timeout=1.0)
         assert got.failures == {late: "mask deadline exceeded"}

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grammarmask.sampling import (
+from grammarmask.integrations.engine.sampling import (
     SamplingParams,
     processed_probs,
     request_generator,

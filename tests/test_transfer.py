@@ -76,7 +76,7 @@ def _mismatches(
 ) -> int:
     device = SimDevice(seed)
     pool = gm.MatcherPool(deepseek, workers=2, device_ops=device, max_rows=8)
-    transfer = pool._transfer
+    transfer = pool.transfer
     if broken == "join before wait":
 
         def wait_first(join: Any, consumer: Any) -> Any:
@@ -140,13 +140,13 @@ def test_a_step_closed_at_its_deadline_moves_to_a_new_host_slot(deepseek: gm.Voc
         first = pool.fill([("ok", [])])
         device.main.synchronize()  # the copy has run
         want = first.bitmask.clone()
-        slots = list(pool._transfer._host)
+        slots = list(pool.transfer.host_slots)
         got = pool.fill_async([("late", []), ("ok", [])]).wait(timeout=0.5)
         device.main.synchronize()
         assert got.failures == {"late": "mask deadline exceeded"}
         assert ids_in_row(got.bitmask[0], deepseek.size) == set(deepseek.stop_token_ids)
         assert torch.equal(got.bitmask[1], want[0])
-        replaced = [a is not b for a, b in zip(slots, pool._transfer._host, strict=True)]
+        replaced = [a is not b for a, b in zip(slots, pool.transfer.host_slots, strict=True)]
         assert sum(replaced) == 1
         time.sleep(HANG_S + 0.5)  # the hung fill comes back and writes into the old slot
         for _ in range(2):

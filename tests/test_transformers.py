@@ -12,8 +12,8 @@ import torch
 from conftest import bundled_schema
 
 import grammarmask as gm
+from grammarmask.device.kernels import unpack_rows
 from grammarmask.integrations.transformers import GrammarLogitsProcessor, load_smollm2
-from grammarmask.kernels import unpack_rows
 
 
 def _fresh_allowed(

@@ -12,14 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
-from grammarmask.integrations.vllm import (
-    EXTRA_ARGS_KEY,
-    PluginSettings,
-    RequestSpecError,
-    SettingsError,
-    request_spec,
-    xargs,
-)
+from grammarmask.errors import RequestSpecError, SettingsError
+from grammarmask.integrations.vllm import EXTRA_ARGS_KEY, PluginSettings, request_spec, xargs
 from grammarmask.integrations.vllm._batch import BatchRows
 
 # ---------------------------------------------------------------------- the request entry

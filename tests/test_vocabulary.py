@@ -10,7 +10,7 @@ import pytest
 from conftest import allowed_ids
 
 import grammarmask as gm
-from grammarmask.known_vocabs import package_dir
+from grammarmask.resources import package_dir
 
 
 def _assert_matches_decoder(vocab: gm.Vocabulary, decode_one: Any) -> int:

@@ -20,9 +20,9 @@ import torch
 from ..backends import Matcher, words_per_row
 from ..backends.base import fill_stop_only
 from ..compiler import GrammarCompiler
+from ..device.kernels import check_dtype, mask_rows
 from ..grammars import Grammar
-from ..kernels import check_dtype, mask_rows
-from ..known_vocabs import SMOLLM2_GGUF, smollm2_dir
+from ..resources import SMOLLM2_GGUF, smollm2_dir
 from ..vocabulary import Vocabulary
 
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"

@@ -12,15 +12,15 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-import importlib.resources
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from grammarmask.demo import DemoCase, bundled_cases
 from grammarmask.integrations.transformers import smollm2_checkpoint
+from grammarmask.resources import schemas_dir
+from grammarmask.tools.demo import DemoCase, bundled_cases
 from vllm_engine.engines import PLUGIN, engine_args, shutdown
 
 
@@ -54,4 +54,4 @@ def plugin_llm(make_llm: Callable[..., Any]) -> Any:
 
 @pytest.fixture(scope="session")
 def cases() -> list[DemoCase]:
-    return bundled_cases(Path(str(importlib.resources.files("grammarmask.schemas"))))
+    return bundled_cases(schemas_dir())

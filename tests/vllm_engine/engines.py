@@ -6,8 +6,8 @@ import gc
 from pathlib import Path
 from typing import Any
 
-from grammarmask.bench.vllm import smollm2_engine_args
 from grammarmask.integrations.vllm import PROCESSOR_PATH as PLUGIN
+from grammarmask.tools.bench.vllm import smollm2_engine_args
 
 __all__ = ["PLUGIN", "engine_args", "shutdown"]
 

@@ -3,8 +3,8 @@ row carries the figures the README and the closing notes quote."""
 
 from __future__ import annotations
 
-from grammarmask.bench import BenchConfig, run_bench
-from grammarmask.bench.vllm import VARIANTS
+from grammarmask.tools.bench import BenchConfig, run_bench
+from grammarmask.tools.bench.vllm import VARIANTS
 
 
 def test_bench_vllm_runs_every_variant_on_the_real_engines() -> None:

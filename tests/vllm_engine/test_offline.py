@@ -14,9 +14,9 @@ import pytest
 from vllm import SamplingParams
 
 import grammarmask as gm
-from grammarmask.demo import DemoCase, chat_prompt, validate
 from grammarmask.integrations.vllm import xargs
 from grammarmask.integrations.vllm._batch import BatchRows
+from grammarmask.tools.demo import DemoCase, chat_prompt, validate
 
 MAX_TOKENS = 256
 

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 import grammarmask as gm
-from grammarmask.demo import DemoCase, validate
 from grammarmask.integrations.vllm import xargs
+from grammarmask.tools.demo import DemoCase, validate
 from vllm_engine.engines import PLUGIN
 
 START_TIMEOUT_S = 240

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._settings import CONFIG_KEY, PROCESSOR_PATH, PluginSettings, SettingsError
-from ._spec import EXTRA_ARGS_KEY, RequestSpec, RequestSpecError, request_spec, xargs
+from ...errors import RequestSpecError, SettingsError
+from ._settings import CONFIG_KEY, PROCESSOR_PATH, PluginSettings
+from ._spec import EXTRA_ARGS_KEY, RequestSpec, request_spec, xargs
 
 if TYPE_CHECKING:
     from ._processor import EntryPointGrammarLogitsProcessor, GrammarLogitsProcessor

@@ -22,11 +22,11 @@ from vllm.logger import init_logger
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from ...backends import installed_backends
+from ...device.kernels import apply_bitmask
 from ...errors import GrammarError
 from ...grammars import Grammar
-from ...kernels import apply_bitmask
 from ...pool import MaskFuture, MatcherPool
-from ...steps import BatchEntry
+from ...pool.plan import BatchEntry
 from ...vocabulary import Vocabulary
 from ._batch import BatchRows
 from ._settings import PROCESSOR_PATH, PluginSettings
@@ -114,6 +114,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
             max_rows=vllm_config.scheduler_config.max_num_seqs,
             max_drafts=0,
             compile_timeout_s=settings.compile_timeout_s,
+            log_failures=False,  # logged here, with vLLM's request ids
             allow_unenforced=settings.allow_unenforced,
         )
         weakref.finalize(self, self._pool.close)  # vLLM rebuilds its batch (and us) once

@@ -8,17 +8,13 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from ...backends import AUTO, backend_names
-from ...errors import GrammarMaskError
+from ...errors import SettingsError
 
 PROCESSOR_PATH = "grammarmask.integrations.vllm:GrammarLogitsProcessor"
 """What `--logits-processors` (or `LLM(logits_processors=[...])`) names to turn the plugin on."""
 
 CONFIG_KEY = "grammarmask"
 """The key of vLLM's `additional_config` that holds these settings."""
-
-
-class SettingsError(GrammarMaskError, ValueError):
-    """An `additional_config["grammarmask"]` that cannot be used; the engine does not start."""
 
 
 @dataclass(frozen=True)

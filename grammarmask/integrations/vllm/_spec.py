@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...backends import AUTO, backend_names
-from ...errors import GrammarError
+from ...errors import GrammarError, RequestSpecError
 from ...grammars import DEFAULT_LIMITS, DEFAULT_MAX_WHITESPACE, Grammar
 
 EXTRA_ARGS_KEY = "grammarmask"
@@ -25,10 +25,6 @@ GRAMMAR_KEYS = ("json_schema", "json", "regex", "ebnf", "choice")
 OPTION_KEYS = ("backend", "allow_unenforced", "whitespace", "strict", "max_whitespace")
 _OPTIONS_BYTES = 4096
 """Room for the keys and options around the grammar itself (GrammarLimits bounds that)."""
-
-
-class RequestSpecError(GrammarError):
-    """A grammarmask entry that cannot be served; the message says what to change."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,516 @@
+"""Process isolation: the pool's MatcherHost over worker processes (see worker.py) that
+write masks into a SharedRing.
+
+Each worker process (spawned: torch and xgrammar run threads, which fork would break) holds
+some of the requests. The parent keeps, per request, its grammar and committed tokens, so
+that it can replay the request on a new worker.
+
+When a worker dies (a signal, an abort, the OOM killer), every request it held fails with
+a reason naming the signal, the worker is restarted, and the step goes on for the others.
+When a request misses its mask deadline, its worker (a thread of it is stuck in the
+matcher) is killed and replaced; the requests it held that were not late are replayed on
+the new worker (add + the same commits), so they carry on. Nothing waits without also
+watching the process sentinel, so a dead worker never hangs the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..backends.base import fill_stop_only
+from ..errors import GrammarMaskError, RequestFault, WorkerGone
+from ..grammars import Grammar
+from ..vocabulary import Vocabulary
+from .host import BackendFactory, StepRun
+from .messages import (
+    Add,
+    Begun,
+    Close,
+    Commit,
+    Fill,
+    FromWorker,
+    Ready,
+    Remove,
+    StateQuery,
+    ToWorker,
+)
+from .plan import RequestId, StepPlan
+from .requests import RequestState, token_ids
+from .shared_ring import SharedRing
+from .step_fill import FillEntry, FillResult, fill_entries
+from .sync import DEADLINE_REASON, StepSync
+from .worker import HANG_GRACE_S, worker_main
+
+_POLL_S = 0.05
+"""How often a waiting step looks at its deadline (`wait(timeout=...)` may set one late)."""
+
+
+@dataclass(eq=False)
+class _Held:
+    """The parent's record of a request: enough to replay it on a new worker."""
+
+    request_id: RequestId
+    grammar: Grammar | None
+    backend: str
+    worker: int
+    allow_unenforced: bool = False
+    commits: list[tuple[int, ...]] = field(default_factory=list)
+    failed: str | None = None
+    """Why it failed, once the parent knows it did (its worker died, a deadline, a reply)."""
+    reported: bool = False
+    last: RequestState | None = None
+    """The worker's last answer about it (backend, committed): what a failure keeps."""
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: Any
+    conn: multiprocessing.connection.Connection
+    held: set[RequestId] = field(default_factory=set)
+    pending_removes: list[RequestId] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a daemonic process start workers. Engines run their model workers as daemonic
+    multiprocessing processes (vLLM does), and multiprocessing refuses children there
+    because a daemon is ended without cleaning up; a grammarmask worker ends by itself when
+    its pipe to the parent closes, so it cannot outlive that parent for long."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemon = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemon
+
+
+class ProcessHost:
+    """The pool's MatcherHost over worker processes (see the module docstring).
+
+    Locks: `_slots[i]` serialises everything said to worker i (and its replacement);
+    `_lock` guards the request records. A slot lock may be taken first, never the reverse.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        workers: int,
+        ring: SharedRing,
+        compile_timeout_s: float,
+        backend_factory: BackendFactory | None,
+    ) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._vocab_pickle = pickle.dumps(vocab)
+        self._ring = ring
+        self._compile_timeout_s = compile_timeout_s
+        self._factory = backend_factory
+        self._stop_row = torch.zeros(1, ring.shape[2], dtype=torch.int32)
+        fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
+        self._held: dict[RequestId, _Held] = {}
+        self._lock = threading.Lock()
+        self._slots = [threading.Lock() for _ in range(workers)]
+        self._steps_in_flight = 0
+        self.restarts = 0
+        self._workers = [self._spawn(index) for index in range(workers)]
+
+    def _spawn(self, index: int) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=worker_main,
+            args=(
+                child,
+                self._vocab_pickle,
+                self._ring.memory.name,
+                self._ring.shape,
+                self._compile_timeout_s,
+                self._factory,
+            ),
+            name=f"grammarmask-worker-{index}",
+            daemon=True,
+        )
+        with _children_allowed():
+            process.start()
+        child.close()
+        return _Worker(index, process, parent)
+
+    def worker_of(self, request_id: RequestId) -> int:
+        """The index of the worker holding a request (for tests that fault one)."""
+        with self._lock:
+            return self._held[request_id].worker
+
+    def pids(self) -> list[int]:
+        """Process ids of the current workers (for monitoring, and tests that kill one)."""
+        return [int(w.process.pid) for w in self._workers]
+
+    # ------------------------------------------------------------------ requests
+    def add(
+        self,
+        request_id: RequestId,
+        grammar: Grammar,
+        backend: str,
+        *,
+        allow_unenforced: bool = False,
+    ) -> RequestState:
+        with self._lock:
+            if request_id in self._held:
+                raise GrammarMaskError(f"request {request_id!r} is already in the pool")
+            index = min(self._workers, key=lambda w: len(w.held)).index
+            self._held[request_id] = _Held(request_id, grammar, backend, index, allow_unenforced)
+        with self._slots[index]:
+            worker = self._alive(self._workers[index], "idle")
+            worker.held.add(request_id)
+            _send(worker, Add(request_id, grammar, backend, allow_unenforced))
+        return RequestState(request_id, "active", backend=backend)
+
+    def remove(self, request_id: RequestId) -> None:
+        with self._lock:
+            held = self._held.pop(request_id, None)
+            if held is None or held.worker < 0:
+                return
+            worker = self._workers[held.worker]
+            worker.held.discard(request_id)
+            worker.pending_removes.append(request_id)
+            if self._steps_in_flight:
+                return  # sent after the step, which still fills it
+        self._flush_removes(held.worker)
+
+    def _flush_removes(self, index: int) -> None:
+        with self._slots[index]:
+            worker = self._workers[index]
+            removes, worker.pending_removes = worker.pending_removes, []
+            for request_id in removes:
+                _send(worker, Remove(request_id))
+
+    def state(self, request_id: RequestId) -> RequestState:
+        return self._ask(request_id, StateQuery(request_id), "answering a state query", ())
+
+    def commit(self, request_id: RequestId, tokens: Sequence[int]) -> RequestState:
+        try:
+            ids = token_ids(tokens)
+        except RequestFault as exc:
+            with self._lock:
+                held = self._held.get(request_id)
+                if held is not None and held.failed is None:
+                    held.failed = str(exc)
+            ids = ()  # `_ask` answers with that reason (or as unknown)
+        return self._ask(request_id, Commit(request_id, ids), "committing tokens", ids)
+
+    def _ask(
+        self, request_id: RequestId, message: ToWorker, doing: str, tokens: tuple[int, ...]
+    ) -> RequestState:
+        with self._lock:
+            held = self._held.get(request_id)
+        if held is None:
+            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+        if held.failed is None:
+            with self._slots[held.worker]:
+                try:
+                    worker = self._alive(self._workers[held.worker], "idle")
+                    if held.failed is None:
+                        _send(worker, message)
+                        reply = self._receive(worker, doing)
+                        if not isinstance(reply, RequestState):
+                            raise GrammarMaskError(f"worker answered {reply!r} while {doing}")
+                        held.last = reply
+                        if reply.status == "failed":  # reported by this reply
+                            held.failed, held.reported = reply.reason or "failed", True
+                        elif tokens:
+                            held.commits.append(tokens)
+                        return reply
+                except WorkerGone:
+                    pass
+        held.reported = True  # the caller hears it now
+        last = held.last or RequestState(request_id, "active", backend=held.backend)
+        return dataclasses.replace(last, status="failed", reason=held.failed)
+
+    # ------------------------------------------------------------------ workers
+    def _receive(self, worker: _Worker, doing: str) -> FromWorker:
+        """The worker's next answer (slot lock held), skipping its "ready" greeting. Raises
+        WorkerGone, after failing its requests, if it dies or hangs first."""
+        limit = time.monotonic() + self._compile_timeout_s + HANG_GRACE_S
+        while True:
+            watched = [worker.conn, worker.process.sentinel]
+            ready = multiprocessing.connection.wait(watched, max(0.0, limit - time.monotonic()))
+            if not ready:
+                self._replace(worker, f"worker process hung while {doing}", kill=True)
+                raise WorkerGone
+            message = _poll(worker) if worker.conn in ready else None
+            if message is None:
+                self._replace(worker, f"{_death(worker)} while {doing}", kill=False)
+                raise WorkerGone
+            if not isinstance(message, Ready):
+                return message
+
+    def _alive(self, worker: _Worker, doing: str) -> _Worker:
+        """The worker, or its replacement if it died while `doing` (slot lock held)."""
+        if worker.process.is_alive():
+            return worker
+        return self._replace(worker, f"{_death(worker)} while {doing}", kill=False)
+
+    def _replace(
+        self,
+        worker: _Worker,
+        reason: str,
+        *,
+        kill: bool,
+        spare: frozenset[RequestId] = frozenset(),
+    ) -> _Worker:
+        """Stop `worker` (slot lock held), fail the requests it held with `reason` except
+        `spare`, which are replayed on its replacement, started at the same index."""
+        if kill:
+            worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        new = self._spawn(worker.index)
+        with self._lock:
+            self.restarts += 1
+            for request_id in worker.held:
+                held = self._held.get(request_id)
+                if held is None or held.failed is not None:
+                    continue
+                if request_id in spare:
+                    new.held.add(request_id)
+                    replay = Add(
+                        request_id,
+                        held.grammar,
+                        held.backend,
+                        held.allow_unenforced,
+                        tuple(held.commits),
+                        replay=True,
+                    )
+                    _send(new, replay)
+                else:
+                    held.failed = reason
+            new.pending_removes = worker.pending_removes
+            self._workers[worker.index] = new
+        return new
+
+    # ------------------------------------------------------------------ the step
+    def begin(self, plan: StepPlan) -> StepRun:
+        """Route the step's requests to their workers now (before any later `remove`); the
+        entries are built on the thread that runs the step."""
+        workers: dict[int, int] = {}
+        """Batch position -> the worker holding its request."""
+        failed: dict[int, str | None] = {}
+        """Batch position -> the failure to report (None: reported before)."""
+        with self._lock:
+            self._steps_in_flight += 1
+            for position, request_id in enumerate(plan.request_ids):
+                if request_id is None:
+                    continue
+                held = self._held.get(request_id)
+                if held is None:
+                    reason = f"unknown request id {request_id!r}: add() it before its first step"
+                    held = _Held(request_id, None, "", -1, failed=reason)  # not kept
+                if held.failed is not None:
+                    failed[position] = None if held.reported else held.failed
+                    held.reported = True
+                else:
+                    workers[position] = held.worker
+
+        def run(
+            slot: int, host: torch.Tensor, sync: StepSync, meanwhile: Callable[[], object]
+        ) -> FillResult:
+            groups: dict[int, list[FillEntry]] = {}
+            local: list[tuple[FillEntry, str | None]] = []
+            for entry in fill_entries(plan):
+                if entry.position in failed:
+                    local.append((entry, failed[entry.position]))
+                else:
+                    groups.setdefault(workers[entry.position], []).append(entry)
+            return self._run(slot, host, sync, groups, local, meanwhile)
+
+        return run
+
+    def _run(
+        self,
+        slot: int,
+        host: torch.Tensor,
+        sync: StepSync,
+        groups: dict[int, list[FillEntry]],
+        local: list[tuple[FillEntry, str | None]],
+        meanwhile: Callable[[], object],
+    ) -> FillResult:
+        result = FillResult()
+        for entry, reason in local:
+            self._fail_rows(host, entry, result, reason)
+        indices = sorted(groups)
+        for index in indices:
+            self._slots[index].acquire()
+        try:
+            self._fill_on_workers(slot, host, sync, groups, result, meanwhile)
+        finally:
+            for index in indices:
+                self._slots[index].release()
+            with self._lock:
+                self._steps_in_flight -= 1
+                idle = not self._steps_in_flight
+            if idle:
+                for index in range(len(self._workers)):
+                    self._flush_removes(index)
+        return result
+
+    def _fill_on_workers(
+        self,
+        slot: int,
+        host: torch.Tensor,
+        sync: StepSync,
+        groups: dict[int, list[FillEntry]],
+        result: FillResult,
+        meanwhile: Callable[[], object],
+    ) -> None:
+        """Send each worker its entries, run `meanwhile`, then collect answers (slot locks
+        held): a worker that dies fails its requests; one past the deadline is expired. Its
+        time before it takes the step up (a restart, a replay) does not count against the
+        deadline."""
+        progress = self._ring.progress[slot]
+        started = time.monotonic()
+        waiting: dict[int, _Worker] = {}
+        begun: dict[int, float] = {}
+        for index, entries in groups.items():
+            progress[[e.position for e in entries]] = 0
+            worker = self._workers[index]
+            if not worker.process.is_alive():
+                self._bury(worker, host, entries, result)
+                continue
+            _send(worker, Fill(slot, entries, sync.at is None))
+            waiting[index] = worker
+        meanwhile()
+        while waiting:
+            watched = [w.conn for w in waiting.values()]
+            watched += [w.process.sentinel for w in waiting.values()]
+            ready = set(multiprocessing.connection.wait(watched, _POLL_S))
+            now = time.monotonic()
+            for index, worker in list(waiting.items()):
+                if worker.conn in ready:
+                    message = _poll(worker)
+                    if isinstance(message, FillResult):
+                        result.valid.update(message.valid)
+                        result.failures.update(message.failures)
+                        self._note_failures(message.failures)
+                        del waiting[index]
+                    elif message is None:
+                        self._bury(worker, host, groups[index], result)
+                        del waiting[index]
+                    elif isinstance(message, Begun):
+                        begun[index] = now
+                elif worker.process.sentinel in ready:
+                    continue  # its pipe, read next round, says the rest
+                elif _past(sync, begun.get(index), started, now):
+                    self._expire(worker, host, progress, groups[index], result)
+                    del waiting[index]
+
+    def _bury(
+        self, worker: _Worker, host: torch.Tensor, entries: list[FillEntry], result: FillResult
+    ) -> None:
+        """A worker died during the step: its requests fail, naming the signal."""
+        reason = f"{_death(worker)} while filling masks"
+        self._replace(worker, reason, kill=False)
+        for entry in entries:
+            self._fail_rows(host, entry, result, reason)
+
+    def _expire(
+        self,
+        worker: _Worker,
+        host: torch.Tensor,
+        progress: torch.Tensor,
+        entries: list[FillEntry],
+        result: FillResult,
+    ) -> None:
+        """Past the deadline: kill the worker (so no later write can land), keep the rows it
+        finished, fail the late requests alone and replay the others on its replacement."""
+        worker.process.kill()
+        worker.process.join()
+        late: set[RequestId] = set()
+        for entry in entries:
+            done = int(progress[entry.position])
+            if done > 0:
+                result.valid[entry.position] = done
+                continue
+            reason = DEADLINE_REASON
+            if done < 0:
+                reason = "matcher error while filling the step's masks (worker then replaced)"
+            self._fail_rows(host, entry, result, reason)
+            late.add(entry.request_id)
+            with self._lock:
+                held = self._held.get(entry.request_id)
+                if held is not None:
+                    held.failed = reason
+        with self._lock:
+            spare = frozenset(worker.held - late)
+        self._replace(worker, DEADLINE_REASON, kill=False, spare=spare)
+
+    def _fail_rows(
+        self, host: torch.Tensor, entry: FillEntry, result: FillResult, reason: str | None
+    ) -> None:
+        host[list(entry.rows)] = self._stop_row
+        result.valid[entry.position] = 1
+        if reason is not None:
+            result.failures[entry.request_id] = reason
+            with self._lock:
+                held = self._held.get(entry.request_id)
+                if held is not None:
+                    held.reported = True
+
+    def _note_failures(self, failures: Mapping[RequestId, str]) -> None:
+        """Requests that failed inside a worker: never to be replayed."""
+        with self._lock:
+            for request_id, reason in failures.items():
+                held = self._held.get(request_id)
+                if held is not None:
+                    held.failed, held.reported = reason, True
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        for index, worker in enumerate(self._workers):
+            with self._slots[index]:
+                _send(worker, Close())
+        for worker in self._workers:
+            worker.process.join(timeout=5.0)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
+        self._ring.close()
+
+
+def _send(worker: _Worker, message: ToWorker) -> None:
+    """Send (slot lock held); a broken pipe is left for the next receive to notice."""
+    with contextlib.suppress(OSError):
+        worker.conn.send(message)
+
+
+def _poll(worker: _Worker) -> FromWorker | None:
+    """The next message; None at the end of the pipe (the worker is gone)."""
+    try:
+        message: FromWorker = worker.conn.recv()
+        return message
+    except (EOFError, OSError):
+        return None
+
+
+def _past(sync: StepSync, begun: float | None, started: float, now: float) -> bool:
+    """A worker's deadline is the step's, moved on by the time it took to take the step up."""
+    return sync.at is not None and begun is not None and now >= sync.at + begun - started
+
+
+def _death(worker: _Worker) -> str:
+    worker.process.join(timeout=5.0)
+    code = worker.process.exitcode
+    if code is not None and code < 0:
+        return f"worker process died ({signal.Signals(-code).name})"
+    return f"worker process died (exit code {code})"

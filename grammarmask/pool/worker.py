@@ -1,0 +1,101 @@
+"""A worker process of a process-isolated pool: its own compiler and RequestTable for the
+pool's vocabulary, serving the pool's messages one at a time, in order.
+
+Masks are written straight into the shared ring; the parent enforces deadlines (it kills a
+worker that is late), so the worker's steps have none.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import pickle
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.shared_memory import SharedMemory
+
+from ..compiler import GrammarCompiler
+from ..errors import GrammarMaskError
+from ..vocabulary import Vocabulary
+from .host import BackendFactory
+from .messages import Add, Begun, Commit, Fill, Ready, Remove, StateQuery, ToWorker
+from .requests import RequestTable
+from .shared_ring import SharedRing
+from .step_fill import StepEntries, StepFill
+from .sync import StepSync
+
+FILL_THREADS = 2
+"""Fill threads per worker process: a hanging matcher holds up one, the other goes on."""
+HANG_GRACE_S = 60.0
+"""A worker that answers nothing this long past the compile timeout counts as hung."""
+
+
+def worker_main(
+    conn: multiprocessing.connection.Connection,
+    vocab_pickle: bytes,
+    memory_name: str,
+    shape: tuple[int, int, int],
+    compile_timeout_s: float,
+    backend_factory: BackendFactory | None,
+) -> None:
+    """Serve messages until `Close` or the end of the pipe, then exit at once (without
+    joining threads a hanging matcher may still hold)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    vocab: Vocabulary = pickle.loads(vocab_pickle)
+    backends = backend_factory(vocab) if backend_factory is not None else None
+    compiler = GrammarCompiler(vocab, timeout_s=compile_timeout_s, backends=backends)
+    table = RequestTable(vocab, compiler, compile_timeout_s)
+    memory = SharedMemory(name=memory_name)
+    host, progress = SharedRing.views(memory, shape)
+    threads = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="grammarmask-fill")
+    conn.send(Ready(os.getpid()))
+    while True:
+        try:
+            message: ToWorker = conn.recv()
+        except EOFError:
+            break
+        if isinstance(message, Fill):
+            conn.send(Begun())
+            entries = message.entries
+            requests = table.lookup([e.request_id for e in entries])
+            step = StepFill(table, StepEntries.of(entries), requests)
+            result = step.run(
+                host[message.slot],
+                StepSync(None, fixed=True),
+                threads,
+                FILL_THREADS,
+                progress[message.slot],
+                batch_one_row=message.batch_one_row,
+            )
+            conn.send(result)
+        elif isinstance(message, Commit):
+            conn.send(table.commit(message.request_id, message.tokens))
+        elif isinstance(message, StateQuery):
+            conn.send(table.state(message.request_id))
+        elif isinstance(message, Add):
+            _add(table, message, compile_timeout_s)
+        elif isinstance(message, Remove):
+            table.remove(message.request_id)
+        else:
+            break
+    os._exit(0)
+
+
+def _add(table: RequestTable, message: Add, compile_timeout_s: float) -> None:
+    """Register the request (failed, if the table refuses it) and replay its commits."""
+    timeout = compile_timeout_s + HANG_GRACE_S / 2 if message.replay else None
+    request_id, backend = message.request_id, message.backend
+    try:
+        if message.grammar is None:
+            raise GrammarMaskError("no grammar to replay")
+        table.add(
+            request_id,
+            message.grammar,
+            backend,
+            timeout,
+            allow_unenforced=message.allow_unenforced,
+        )
+    except GrammarMaskError as exc:
+        table.add_failed(request_id, backend, str(exc))
+    for tokens in message.commits:
+        table.commit(request_id, tokens)

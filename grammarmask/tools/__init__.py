@@ -1,0 +1,1 @@
+"""The `grammarmask` command and what it runs: the demo, conformance, fuzzing, benchmarks."""

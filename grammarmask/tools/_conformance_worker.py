@@ -1,0 +1,175 @@
+"""Child process of the conformance runner: compiles and checks one schema per request.
+
+Protocol (JSON lines): the parent writes `{"path", "backend", "whitespace", "strict"}`;
+the worker answers `{"event": "compiling"}` when the compilation starts (after the
+backend's one-time set-up), `{"event": "compiled"}` once it is done (so the parent can
+time set-up, compilation and checking apart) and then `{"event": "result", "record": ...}`.
+It prints `{"event": "ready"}` once the vocabulary and tokenizer are loaded. File
+descriptor 1 is moved to stderr so that native libraries cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from ..compiler import GrammarCompiler
+from ..errors import (
+    GrammarError,
+    InvalidJSONError,
+    InvalidSchemaError,
+    NotFullyEnforcedError,
+    UnsupportedGrammarError,
+)
+from ..grammars import Grammar
+from .conformance import Record, byte_token_ids, feed, judge_invalid_accepted, serialize, validates
+from .known_vocabs import KNOWN_VOCABULARIES, load_encoder, load_vocabulary
+
+
+class Checker:
+    """Holds what a worker loads once: vocabulary, tokenizer, compiler."""
+
+    def __init__(self, vocab_name: str) -> None:
+        self.vocab = load_vocabulary(vocab_name)
+        self.encode = load_encoder(vocab_name)
+        self.byte_ids = byte_token_ids(self.vocab)
+        # One cache slot: outlines indexes are tens of MB each and schemas do not repeat.
+        self.compiler = GrammarCompiler(self.vocab, threads=1, cache_size=1, timeout_s=1e9)
+        self._warm: set[tuple[str, str, bool]] = set()
+
+    def _warm_up(self, backend: str, grammar: Grammar) -> None:
+        """Bind the backend and build its per-vocabulary tables (xgrammar's tokenizer info
+        and token filter take seconds) outside the timed compilation."""
+        key = (backend, grammar.whitespace, grammar.strict)
+        if key in self._warm:
+            return
+        self._warm.add(key)
+        tiny = Grammar.json_schema(
+            {"type": "string"}, whitespace=grammar.whitespace, strict=grammar.strict
+        )
+        for name in self.compiler.auto_candidates() if backend == "auto" else (backend,):
+            try:
+                self.compiler.compile(tiny, name)
+            except GrammarError:
+                continue  # the real compilation reports the problem
+
+    def check(self, request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> Record:
+        path = Path(request["path"])
+        backend = request["backend"]
+        record: Record = {"schema": path.name, "backend": backend}
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        schema = entry["schema"]
+        try:
+            grammar = Grammar.json_schema(
+                schema, whitespace=request["whitespace"], strict=request["strict"]
+            )
+        except (InvalidSchemaError, InvalidJSONError) as exc:
+            return {**record, "status": "invalid_schema", "detail": str(exc)}
+        self._warm_up(backend, grammar)
+        emit({"event": "compiling"})
+        try:
+            compiled = self.compiler.compile(grammar, backend)
+        except (UnsupportedGrammarError, NotFullyEnforcedError) as exc:
+            return {**record, "status": "unsupported", "detail": str(exc)}
+        except GrammarError as exc:
+            return {**record, "status": "compile_error", "detail": str(exc)}
+        emit({"event": "compiled"})
+        matcher = compiled.matcher()
+        counts: Counter[str] = Counter()
+        findings: list[dict[str, Any]] = []
+        for index, test in enumerate(entry.get("tests", [])):
+            text, determined = serialize(schema, test["data"], request["whitespace"])
+            encoded = text.encode("utf-8")
+            if all(b in self.byte_ids for b in encoded):
+                as_bytes = feed(matcher, [self.byte_ids[b] for b in encoded])
+            else:
+                as_bytes = None
+            as_ids = feed(matcher, self.encode(text))
+            if as_bytes is not None and as_bytes[0] != as_ids[0]:
+                counts["bytes_tokens_disagree"] += 1
+                findings.append({"test": index, "outcome": "bytes_tokens_disagree", "text": text})
+            valid = bool(test["valid"])
+            counts["valid" if valid else "invalid"] += 1
+            if valid:
+                accepted = as_ids[0] and (as_bytes is None or as_bytes[0])
+                if accepted:
+                    counts["valid_accepted"] += 1
+                    continue
+                outcome = "valid_rejected" if determined else "valid_rejected_key_order"
+                counts[outcome] += 1
+                findings.append(
+                    {
+                        "test": index,
+                        "outcome": outcome,
+                        "at_byte": _at_byte(as_bytes),
+                        "jsonschema_valid": validates(schema, test["data"]),  # doubtful label?
+                        "text": text,
+                    }
+                )
+                continue
+            accepted = as_ids[0] or (as_bytes is not None and as_bytes[0])
+            if not accepted:
+                counts["invalid_rejected"] += 1
+                continue
+            verdict = judge_invalid_accepted(schema, compiled.unenforced, test["data"])
+            counts[f"invalid_accepted_{verdict}"] += 1
+            findings.append({"test": index, "outcome": f"invalid_accepted_{verdict}", "text": text})
+        for finding in findings:
+            finding["text"] = finding["text"][:300]
+        return {
+            **record,
+            "status": "compiled",
+            "served_by": compiled.backend,
+            "compile_s": round(compiled.compile_seconds, 4),
+            "fully_enforced": compiled.fully_enforced,
+            "unenforced": [str(u) for u in compiled.unenforced],
+            "counts": dict(counts),
+            "findings": findings,
+        }
+
+
+def _at_byte(as_bytes: tuple[bool, int] | None) -> int | None:
+    return None if as_bytes is None else as_bytes[1]
+
+
+def serve(checker: Checker, requests: IO[str], replies: IO[str]) -> None:
+    """Answer requests until stdin closes."""
+
+    def emit(message: dict[str, Any]) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    emit({"event": "ready"})
+    for line in requests:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        try:
+            record = checker.check(request, emit)
+        except Exception as exc:  # a backend bug: report it, keep serving
+            record = {
+                "schema": Path(request["path"]).name,
+                "backend": request["backend"],
+                "status": "crash",
+                "detail": f"{type(exc).__name__}: {exc}",
+            }
+        emit({"event": "result", "record": record})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m grammarmask.tools._conformance_worker")
+    parser.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek")
+    args = parser.parse_args(argv)
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    serve(Checker(args.vocab), sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()

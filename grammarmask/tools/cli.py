@@ -1,0 +1,432 @@
+"""Command line: `grammarmask demo` (the real model, with and without masks), `generate`,
+`check` (what each backend enforces of a schema) and `bench` (performance ratios)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..backends import AUTO, AUTO_ORDER, installed_backends
+from ..compiler import GrammarCompiler
+from ..errors import GrammarError, GrammarMaskError, NotFullyEnforcedError
+from ..grammars import Grammar
+from ..resources import bundled_schema_path, schemas_dir
+from ..vocabulary import Vocabulary
+from .known_vocabs import KNOWN_VOCABULARIES, load_vocabulary
+
+DEFAULT_SCHEMA = "person.json"
+
+
+def _load_vocab(args: argparse.Namespace) -> Vocabulary:
+    if args.tokenizer_json:
+        return Vocabulary.from_tokenizer_json(args.tokenizer_json, logits_width=args.logits_width)
+    return load_vocabulary(args.vocab)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    path = Path(args.schema) if args.schema else bundled_schema_path(DEFAULT_SCHEMA)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"error: cannot read schema {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        grammar = Grammar.json_schema(text, whitespace=args.whitespace, strict=args.strict)
+    except GrammarError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        started = time.perf_counter()
+        vocab = _load_vocab(args)
+    except GrammarMaskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"schema     {path}")
+    loaded = time.perf_counter() - started
+    print(f"vocabulary {args.tokenizer_json or args.vocab}: {vocab} (loaded in {loaded:.1f} s)")
+    backends = args.backend or [*installed_backends(), AUTO]
+    compiler = GrammarCompiler(vocab, timeout_s=args.timeout)
+    rows = [["backend", "result", "compile", "enforcement"]]
+    details: list[str] = []
+    compiled_any = False
+    for name in backends:
+        print(f"compiling on {name} ...", file=sys.stderr, flush=True)
+        try:
+            compiled = compiler.compile(grammar, name, allow_unenforced=args.allow_unenforced)
+        except NotFullyEnforcedError as exc:
+            rows.append([name, "refused", "-", "no backend enforces all of it"])
+            details.extend(
+                f"{name}: refused: {b}: {why}" for b, w in exc.reasons.items() for why in w
+            )
+            continue
+        except GrammarMaskError as exc:
+            rows.append([name, type(exc).__name__, "-", "-"])
+            details.append(f"{name}: {exc}")
+            continue
+        compiled_any = True
+        if name == AUTO:
+            how = (
+                f"the first of {', '.join(AUTO_ORDER)} that enforces all of it"
+                if compiled.fully_enforced
+                else "the backend that leaves out the fewest constraints (--allow-unenforced)"
+            )
+            details.append(f"auto: served by {compiled.backend}, {how}")
+        if compiled.fully_enforced:
+            enforcement = "full"
+        else:
+            enforcement = f"partial: {len(compiled.unenforced)} constraint(s) not enforced"
+            details.extend(f"{name}: not enforced: {item}" for item in compiled.unenforced)
+        result = "compiled" if name != AUTO else f"-> {compiled.backend}"
+        rows.append([name, result, f"{compiled.compile_seconds * 1000:.0f} ms", enforcement])
+    compiler.close()
+    print()
+    print(_table(rows))
+    if details:
+        print()
+        print("\n".join(details))
+    return 0 if compiled_any else 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grammarmask", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser(
+        "check",
+        help="compile a JSON Schema on each installed backend and say what each enforces",
+    )
+    check.add_argument(
+        "schema", nargs="?", help=f"JSON Schema file (default: bundled {DEFAULT_SCHEMA})"
+    )
+    check.add_argument(
+        "--vocab",
+        choices=sorted(KNOWN_VOCABULARIES),
+        default="deepseek",
+        help="real vocabulary to compile for (default: deepseek)",
+    )
+    check.add_argument("--tokenizer-json", help="use this HF tokenizer.json instead of --vocab")
+    check.add_argument("--logits-width", type=int, help="logits width for --tokenizer-json")
+    check.add_argument(
+        "--backend",
+        action="append",
+        help="backend to try, or 'auto' (repeatable; default: all installed, then auto)",
+    )
+    check.add_argument(
+        "--allow-unenforced",
+        action="store_true",
+        help="let auto serve a schema no backend enforces fully (the fewest constraints left out)",
+    )
+    check.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
+    check.add_argument(
+        "--strict", action="store_true", help="objects without additionalProperties are closed"
+    )
+    check.add_argument("--timeout", type=float, default=120.0, help="compile timeout in seconds")
+    check.set_defaults(run=cmd_check)
+
+    demo = commands.add_parser(
+        "demo",
+        help="SmolLM2-135M-Instruct answers for each bundled schema, with and without masks",
+    )
+    demo.add_argument("--schema", action="append", help="only these bundled schema names")
+    demo.add_argument("--drafts", type=int, default=3, help="prompt-lookup drafts per step")
+    demo.add_argument("--max-tokens", type=int, default=400)
+    demo.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="above 1 fights greedy loops, but also penalizes repeated JSON punctuation",
+    )
+    demo.set_defaults(run=cmd_demo)
+
+    generate = commands.add_parser("generate", help="one constrained answer from the real model")
+    generate.add_argument("--schema", required=True, help="JSON Schema file")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+    generate.add_argument("--max-tokens", type=int, default=256)
+    generate.set_defaults(run=cmd_generate)
+    model = commands.add_parser(
+        "model",
+        help="print the folder of the SmolLM2 checkpoint (converted once), e.g. for vllm serve",
+    )
+    model.set_defaults(run=cmd_model)
+    _add_conformance_parser(commands)
+    _add_fuzz_parser(commands)
+
+    from .bench.runner import add_parser as add_bench_parser
+
+    add_bench_parser(commands)
+    return parser
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from ..integrations.transformers import smollm2_checkpoint
+
+    print(smollm2_checkpoint())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    failures = run_demo(
+        schemas_dir(),
+        names=args.schema or (),
+        num_drafts=args.drafts,
+        max_new_tokens=args.max_tokens,
+        repetition_penalty=args.repetition_penalty,
+    )
+    return 1 if failures else 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .demo import run_generate
+
+    path = Path(args.schema)
+    _, code = _read_schema(path, str(path))
+    if code:
+        return code
+    return run_generate(path, args.prompt, stream=args.stream, max_new_tokens=args.max_tokens)
+
+
+def _read_schema(path: Path, label: str) -> tuple[Any, int]:
+    """(parsed schema, 0), or (None, exit code) after saying why: 2 unreadable, 1 invalid."""
+    try:
+        return Grammar.json_schema(path.read_text(encoding="utf-8")).schema, 0
+    except OSError as exc:
+        print(f"error: cannot read schema {label}: {exc.strerror}", file=sys.stderr)
+        return None, 2
+    except GrammarError as exc:
+        print(f"error: {label}: {exc}", file=sys.stderr)
+        return None, 1
+
+
+def _unknown_backends(names: Sequence[str]) -> int:
+    """2 after naming the backends that are neither installed nor 'auto', else 0."""
+    known = {*installed_backends(), "auto"}
+    unknown = [b for b in names if b not in known]
+    if unknown:
+        print(
+            f"error: unknown or uninstalled backend(s) {', '.join(unknown)}; "
+            f"choose from {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    conformance = commands.add_parser(
+        "conformance",
+        help="check compiled grammars against a MaskBench-format corpus's valid/invalid tests",
+    )
+    conformance.add_argument(
+        "directory",
+        nargs="?",
+        help="MaskBench-format directory (default: $GRAMMARMASK_CORPUS, "
+        "../shared/corpus/maskbench, else a bundled sample)",
+    )
+    conformance.add_argument(
+        "--backend",
+        action="append",
+        help="backend name or 'auto' (repeatable; default: xgrammar)",
+    )
+    conformance.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek")
+    conformance.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
+    conformance.add_argument("--strict", action="store_true", help="close objects by default")
+    conformance.add_argument("--timeout", type=float, default=30.0, help="compile limit (s)")
+    conformance.add_argument(
+        "--check-timeout", type=float, default=120.0, help="limit for checking the tests (s)"
+    )
+    conformance.add_argument("--jobs", type=int, default=1, help="worker processes")
+    conformance.add_argument("--limit", type=int, help="only the first N schemas")
+    conformance.add_argument("--sample", type=int, help="a seeded random sample of N schemas")
+    conformance.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    conformance.add_argument("--json", dest="json_out", help="write one JSON line per schema")
+    conformance.add_argument(
+        "--resume", action="store_true", help="skip the schemas already in --json OUT"
+    )
+    conformance.set_defaults(run=cmd_conformance)
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    """Exit 0 when no schema crashed and no invalid instance was accepted undeclared,
+    1 otherwise, 2 for unusable arguments."""
+    import json
+
+    from tqdm import tqdm
+
+    from . import conformance as cf
+
+    backends = args.backend or ["xgrammar"]
+    if _unknown_backends(backends):
+        return 2
+    if args.resume and not args.json_out:
+        print("error: --resume needs --json OUT", file=sys.stderr)
+        return 2
+    directory = Path(args.directory) if args.directory else cf.default_corpus_dir()
+    try:
+        files = cf.select_files(directory, limit=args.limit, sample=args.sample, seed=args.seed)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out_path = Path(args.json_out) if args.json_out else None
+    previous: list[cf.Record] = []
+    if args.resume and out_path is not None and out_path.exists():
+        names = {f.name for f in files}
+        previous = [r for r in cf.read_records(out_path) if r["schema"] in names]
+    options = cf.ConformanceOptions(
+        vocab=args.vocab,
+        whitespace=args.whitespace,
+        strict=args.strict,
+        compile_timeout_s=args.timeout,
+        check_timeout_s=args.check_timeout,
+    )
+    print(
+        f"corpus {directory}: {len(files)} schema(s) x {', '.join(backends)}; "
+        f"vocabulary {args.vocab}, {args.jobs} job(s)",
+        file=sys.stderr,
+    )
+    out = out_path.open("a" if args.resume else "w", encoding="utf-8") if out_path else None
+    done = {(r["schema"], r["backend"]) for r in previous}
+    bar = tqdm(total=len(files) * len(backends), initial=len(done), unit="schema", file=sys.stderr)
+
+    def record_landed(record: cf.Record) -> None:
+        bar.update(1)
+        if record["status"] in ("crash", "timeout"):
+            bar.write(
+                f"{record['backend']}: {record['schema']}: {record['status']}: {record['detail']}",
+                file=sys.stderr,
+            )
+        if out is not None:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+
+    try:
+        records = cf.run_conformance(
+            files, backends, options, jobs=args.jobs, on_record=record_landed, skip=done
+        )
+    finally:
+        bar.close()
+        if out is not None:
+            out.close()
+    totals = cf.summarize([*previous, *records])
+    print(cf.summary_table(totals))
+    bad = sum(t["crash"] + t["invalid_accepted_defect"] for t in totals.values())
+    return 1 if bad else 0
+
+
+def _add_fuzz_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fuzz = commands.add_parser(
+        "fuzz",
+        help="hypothesis fuzzing of compiled schemas: soundness, completeness, differential, state",
+    )
+    fuzz.add_argument(
+        "schema", nargs="*", help="schema files or bundled names (default: every bundled schema)"
+    )
+    fuzz.add_argument(
+        "--backend",
+        action="append",
+        help="backend or 'auto' (repeatable; default: xgrammar and llguidance if installed)",
+    )
+    fuzz.add_argument("--examples", type=int, default=100, help="examples per property")
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--max-tokens", type=int, default=256, help="length cap of a walk")
+    fuzz.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek")
+    fuzz.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
+    fuzz.add_argument(
+        "--property",
+        action="append",
+        choices=("soundness", "completeness", "differential", "state"),
+        help="only these properties (repeatable; default: all)",
+    )
+    fuzz.set_defaults(run=cmd_fuzz)
+
+
+def _fuzz_targets(names: Sequence[str]) -> list[tuple[str, Path]]:
+    """(name as typed, file) for each schema argument; bare names are bundled schemas."""
+    if not names:
+        folder = schemas_dir()
+        return [(p.stem, p) for p in sorted(folder.glob("*.json"))]
+    targets = []
+    for name in names:
+        path = Path(name)
+        if not path.exists():
+            path = bundled_schema_path(name if name.endswith(".json") else f"{name}.json")
+        targets.append((name, path))
+    return targets
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """Exit 0 without counterexamples, 1 with, 2 for unusable arguments."""
+    from tqdm import tqdm
+
+    from .fuzz import PROPERTIES, SchemaFuzzer
+
+    installed = installed_backends()
+    backends = args.backend or [b for b in ("xgrammar", "llguidance") if b in installed]
+    if _unknown_backends(backends):
+        return 2
+    grammars = []
+    for name, path in _fuzz_targets(args.schema):
+        schema, code = _read_schema(path, name)
+        if code:
+            return code
+        grammars.append((name, schema, Grammar.json_schema(schema, whitespace=args.whitespace)))
+    vocab = load_vocabulary(args.vocab)
+    compiler = GrammarCompiler(vocab, timeout_s=600)
+    rows = [["schema", "backend", "enforced", "walks", "ended", "declared", "instances",
+             "accepted", "known gap", "key order", "diff", "state", "findings"]]  # fmt: skip
+    findings = []
+    for name, schema, grammar in tqdm(grammars, unit="schema", file=sys.stderr):
+        compiled = {}
+        for backend in backends:
+            try:
+                compiled[backend] = compiler.compile(grammar, backend)
+            except GrammarError as exc:
+                rows.append([name, backend, type(exc).__name__, *["-"] * 10])
+        fuzzer = SchemaFuzzer(
+            name, schema, compiled, vocab, seed=args.seed, examples=args.examples,
+            max_tokens=args.max_tokens,
+            command=f"grammarmask fuzz --vocab {args.vocab} --whitespace {args.whitespace}",
+        )  # fmt: skip
+        report = fuzzer.run(args.property or PROPERTIES)
+        findings.extend(report.findings)
+        for backend, item in compiled.items():
+            counts = report.counts.get(backend, Counter())
+            mine = sum(backend in f.backend.split("+") for f in report.findings)
+            rows.append([
+                name, backend, "full" if item.fully_enforced else f"{len(item.unenforced)} gaps",
+                *(str(counts.get(k, 0)) for k in ("walks", "walks_terminated", "walks_declared",
+                  "instances", "instances_accepted", "instances_known_gap", "instances_key_order",
+                  "differential_compared", "state_sequences")),
+                str(mine),
+            ])  # fmt: skip
+    compiler.close()
+    print(_table(rows))
+    for finding in findings:
+        print()
+        print(finding)
+    return 1 if findings else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,487 @@
+"""Conformance runner: do compiled grammars accept a corpus's valid instances and reject its
+invalid ones?
+
+The corpus is a directory of MaskBench-format files (`{description, meta, schema, tests:
+[{description, valid, data}]}`). Each (schema, backend) pair is checked in a child process
+(`grammarmask.tools._conformance_worker`) so that a backend that segfaults or hangs costs one
+schema, not the run: the parent kills a worker past its time limit (a timeout) and
+restarts one that died by a signal (a crash, with the signal's name).
+
+An invalid instance that a matcher accepts is *explained* when the backend declared the
+keywords that make it invalid as not enforced (the instance validates once those keywords
+are removed from the schema), and a *defect* otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import jsonschema
+from jsonschema.validators import validator_for
+
+from ..backends import Matcher
+from ..enforcement import Unenforced, iter_subschemas
+from ..grammars import resolve_pointer
+from ..resources import bundled_sample_dir, corpus_dir
+from ..vocabulary import Vocabulary
+
+STATUSES = ("compiled", "unsupported", "compile_error", "invalid_schema", "timeout", "crash")
+"""What became of one (schema, backend) pair, in summary-table order."""
+
+Record = dict[str, Any]
+"""One JSON line of the report: a schema on a backend, with its counts and findings."""
+
+
+# ---------------------------------------------------------------------------- corpus
+def default_corpus_dir() -> Path:
+    """The corpus (see resources.corpus_dir), else the small sample bundled with grammarmask."""
+    return corpus_dir() or bundled_sample_dir()
+
+
+def select_files(
+    directory: Path, *, limit: int | None = None, sample: int | None = None, seed: int = 0
+) -> list[Path]:
+    """The corpus files to run: all, a seeded random `sample`, then the first `limit`."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"corpus directory {directory} does not exist")
+    files = sorted(directory.glob("*.json"))
+    if not files:
+        raise FileNotFoundError(f"corpus directory {directory} holds no .json files")
+    if sample is not None and sample < len(files):
+        files = sorted(random.Random(seed).sample(files, sample))
+    return files[:limit] if limit is not None else files
+
+
+# ---------------------------------------------------------------------------- serialization
+def serialize(schema: Any, instance: Any, whitespace: str = "compact") -> tuple[str, bool]:
+    """JSON text of `instance` as the grammar writes it: object keys in the schema's
+    `properties` order, compact (`,` `:`) or flexible (`, ` `: `) separators.
+
+    The flag says whether every object's key order could be read off the schema (False
+    where several anyOf/oneOf branches fit, behind an allOf or a remote $ref).
+    """
+    ordered, determined = _order(instance, schema, _SchemaContext(schema))
+    separators = (",", ":") if whitespace == "compact" else (", ", ": ")
+    return json.dumps(ordered, separators=separators, ensure_ascii=False), determined
+
+
+class _SchemaContext:
+    """The root schema, its draft's validator (to pick anyOf branches) and local $refs."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        try:
+            self.validator: Any = validator_for(root, default=jsonschema.Draft202012Validator)(root)
+        except (TypeError, jsonschema.exceptions.SchemaError):
+            self.validator = None
+
+    def fits(self, branch: Any, instance: Any) -> bool:
+        if self.validator is None:
+            return False
+        try:
+            return bool(self.validator.evolve(schema=branch).is_valid(instance))
+        except Exception:  # a remote $ref or a malformed branch: treat as not fitting
+            return False
+
+    def resolve(self, node: Any, instance: Any) -> tuple[Any, bool]:
+        """Follow $ref and single fitting anyOf/oneOf branches to the schema that lays out
+        `instance`; the flag is False where that is ambiguous."""
+        for _ in range(64):
+            if not isinstance(node, dict) or "properties" in node:
+                return node, True
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                target = resolve_pointer(self.root, ref[1:]) if ref.startswith("#") else None
+                if target is None:
+                    return node, False
+                node = target
+                continue
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list):
+                    fitting = [b for b in branches if self.fits(b, instance)]
+                    if not fitting:
+                        return node, False
+                    node = fitting[0]
+                    if len(fitting) > 1 and _layout(fitting) is None:
+                        return node, False
+                    break
+            else:
+                return node, "allOf" not in node
+        return node, False
+
+
+def _layout(branches: list[Any]) -> tuple[str, ...] | None:
+    """The property order shared by all `branches`, or None if they differ."""
+    orders = {tuple(b.get("properties", {})) if isinstance(b, dict) else () for b in branches}
+    return next(iter(orders)) if len(orders) == 1 else None
+
+
+def _order(instance: Any, schema: Any, context: _SchemaContext) -> tuple[Any, bool]:
+    if not isinstance(instance, (dict, list)):
+        return instance, True
+    node, determined = context.resolve(schema, instance)
+    node = node if isinstance(node, dict) else {}
+    if isinstance(instance, list):
+        items: list[Any] = []
+        for index, item in enumerate(instance):
+            value, ok = _order(item, _item_schema(node, index), context)
+            items.append(value)
+            determined = determined and ok
+        return items, determined
+    properties = node.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    keys = [k for k in properties if k in instance] + [k for k in instance if k not in properties]
+    if not determined and len(instance) < 2:
+        determined = True
+    result: dict[str, Any] = {}
+    for key in keys:
+        child = properties.get(key, node.get("additionalProperties", {}))
+        result[key], ok = _order(instance[key], child, context)
+        determined = determined and ok
+    return result, determined
+
+
+def _item_schema(node: Mapping[str, Any], index: int) -> Any:
+    prefix = node.get("prefixItems")
+    if isinstance(prefix, list) and index < len(prefix):
+        return prefix[index]
+    items = node.get("items")
+    if isinstance(items, list):  # draft 4-7 tuple form
+        return items[index] if index < len(items) else node.get("additionalItems", {})
+    return items if items is not None else {}
+
+
+# ---------------------------------------------------------------------------- feeding
+def byte_token_ids(vocab: Vocabulary) -> dict[int, int]:
+    """Byte value -> id of the token that is exactly that byte (byte-level vocabularies
+    have all 256), for feeding text byte by byte."""
+    table: dict[int, int] = {}
+    for token_id, token in enumerate(vocab.token_bytes):
+        if len(token) == 1:
+            table.setdefault(token[0], token_id)
+    return table
+
+
+def feed(matcher: Matcher, token_ids: Sequence[int]) -> tuple[bool, int]:
+    """(every token accepted and the matcher can stop, tokens accepted); then reset."""
+    accepted = 0
+    for token_id in token_ids:
+        if not matcher.accept(token_id):
+            break
+        accepted += 1
+    complete = accepted == len(token_ids) and matcher.can_stop()
+    matcher.reset()
+    return complete, accepted
+
+
+# ---------------------------------------------------------------------------- judging
+def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> Any:
+    """`schema` without the keywords a backend declared as not enforced."""
+    loose = copy.deepcopy(schema)
+    for item in unenforced:
+        node = resolve_pointer(loose, item.pointer)
+        if isinstance(node, dict):
+            node.pop(item.keyword, None)
+    return loose
+
+
+def validates(schema: Any, instance: Any) -> bool:
+    """jsonschema's verdict under the schema's own draft, formats checked. Formats a backend
+    does not enforce are declared unenforced, so `loosen` has already removed them."""
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance))
+    except Exception:  # an unresolvable remote $ref: jsonschema cannot judge
+        return False
+
+
+def unchecked_formats(schema: Any) -> set[str]:
+    """Formats in `schema` that jsonschema cannot check here (uri, hostname and the date
+    formats need the jsonschema[format-nongpl] extra): a verdict that relies on them is
+    unverified, never a pass."""
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    known = cls.FORMAT_CHECKER.checkers
+    return {
+        node["format"]
+        for node, _ in iter_subschemas(schema)
+        if isinstance(node.get("format"), str) and node["format"] not in known
+    }
+
+
+def judge_invalid_accepted(schema: Any, unenforced: Sequence[Unenforced], instance: Any) -> str:
+    """Why a matcher accepted an instance the corpus marks invalid: `label` (jsonschema
+    finds it valid after all), `explained` (declared unenforced keywords), `unverified`
+    (either, but only because jsonschema cannot check a format here) or `defect`."""
+    if validates(schema, instance):
+        return "unverified" if unchecked_formats(schema) else "label"
+    loose = loosen(schema, unenforced)
+    if unenforced and validates(loose, instance):
+        return "unverified" if unchecked_formats(loose) else "explained"
+    return "defect"
+
+
+# ---------------------------------------------------------------------------- parent side
+@dataclass(frozen=True)
+class ConformanceOptions:
+    """How each schema is compiled and checked."""
+
+    vocab: str = "deepseek"
+    whitespace: str = "compact"
+    strict: bool = False
+    compile_timeout_s: float = 30.0
+    check_timeout_s: float = 120.0
+    start_timeout_s: float = 300.0
+
+
+def worker_command() -> list[str]:
+    """The child process that compiles and checks (one vocabulary load per process)."""
+    return [sys.executable, "-m", "grammarmask.tools._conformance_worker"]
+
+
+class _Worker:
+    """One child process and the thread that reads its protocol lines."""
+
+    def __init__(self, argv: Sequence[str], options: ConformanceOptions) -> None:
+        self._phases = {
+            "compiling": ("compile", options.compile_timeout_s),
+            "compiled": ("check", options.check_timeout_s),
+        }
+        self._argv = [*argv, "--vocab", options.vocab]
+        self._options = options
+        self._proc: subprocess.Popen[str] | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: IO[bytes] | None = None
+
+    def _start(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker)
+        self._proc = subprocess.Popen(
+            self._argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+        )
+        self._lines = queue.Queue()
+        threading.Thread(target=self._read, args=(self._proc, self._lines), daemon=True).start()
+        try:
+            ready = self._next(self._options.start_timeout_s)
+        except queue.Empty:
+            ready = None
+        if ready is None or json.loads(ready).get("event") != "ready":
+            self.close()
+            raise RuntimeError(f"the conformance worker did not start: {self._error_tail()}")
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def _next(self, timeout_s: float) -> str | None:
+        """The next protocol line; None at EOF; raises queue.Empty past `timeout_s`."""
+        return self._lines.get(timeout=timeout_s)
+
+    def _error_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        lines = [
+            line
+            for line in self._stderr.read().decode("utf-8", "replace").splitlines()
+            if line.strip() and not line.startswith("[")
+        ]
+        return lines[-1][:300] if lines else ""
+
+    def check(self, request: Mapping[str, Any]) -> Record:
+        """Send one (schema, backend) request and wait for its record, or make one up for a
+        timeout or a crash (the worker is then restarted on the next request)."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        phase, limit = "backend set-up", self._options.start_timeout_s
+        while True:
+            try:
+                line = self._next(limit)
+            except queue.Empty:
+                self.close()
+                return _failure(request, "timeout", f"{phase} took longer than {limit:g} s")
+            if line is None:
+                return _failure(request, "crash", self._death())
+            event = json.loads(line)
+            if event["event"] in self._phases:
+                phase, limit = self._phases[event["event"]]
+                continue
+            return dict(event["record"])
+
+    def _death(self) -> str:
+        assert self._proc is not None
+        code = self._proc.wait()
+        tail = self._error_tail()
+        self._proc = None
+        if code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"worker exited with code {code}"
+        return f"{how}: {tail}" if tail else how
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+def _failure(request: Mapping[str, Any], status: str, detail: str) -> Record:
+    return {
+        "schema": Path(request["path"]).name,
+        "backend": request["backend"],
+        "status": status,
+        "detail": detail,
+    }
+
+
+def run_conformance(
+    files: Sequence[Path],
+    backends: Sequence[str],
+    options: ConformanceOptions,
+    *,
+    jobs: int = 1,
+    on_record: Callable[[Record], None] | None = None,
+    argv: Sequence[str] | None = None,
+    skip: Iterable[tuple[str, str]] = (),
+) -> list[Record]:
+    """Check every file on every backend with `jobs` worker processes; `on_record` sees
+    each record as it lands (in completion order). `skip` holds (schema name, backend)
+    pairs already done, for resuming."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    done = set(skip)
+    tasks: queue.Queue[dict[str, Any]] = queue.Queue()
+    for path in files:
+        for backend in backends:
+            if (path.name, backend) not in done:
+                tasks.put(
+                    {
+                        "path": str(path),
+                        "backend": backend,
+                        "whitespace": options.whitespace,
+                        "strict": options.strict,
+                    }
+                )
+    records: list[Record] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        worker = _Worker(argv or worker_command(), options)
+        try:
+            while not errors:
+                try:
+                    request = tasks.get_nowait()
+                except queue.Empty:
+                    return
+                record = worker.check(request)
+                with lock:
+                    records.append(record)
+                    if on_record is not None:
+                        on_record(record)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=serve) for _ in range(min(jobs, max(tasks.qsize(), 1)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return records
+
+
+def read_records(path: Path) -> Iterator[Record]:
+    """Records of an earlier (possibly interrupted) run's JSON-lines report."""
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short when the run was interrupted
+
+
+# ---------------------------------------------------------------------------- summary
+SUMMARY_COLUMNS = (
+    "schemas",
+    *STATUSES,
+    "fully_enforced",
+    "valid",
+    "valid_accepted",
+    "valid_rejected_key_order",
+    "invalid",
+    "invalid_rejected",
+    "invalid_accepted_label",
+    "invalid_accepted_explained",
+    "invalid_accepted_unverified",
+    "invalid_accepted_defect",
+    "bytes_tokens_disagree",
+)
+
+
+def summarize(records: Iterable[Record]) -> dict[str, Counter[str]]:
+    """Per backend: schema outcomes and instance counts, in SUMMARY_COLUMNS."""
+    totals: dict[str, Counter[str]] = {}
+    for record in records:
+        counts = totals.setdefault(record["backend"], Counter())
+        counts["schemas"] += 1
+        counts[record["status"]] += 1
+        counts["fully_enforced"] += bool(record.get("fully_enforced"))
+        for key, value in record.get("counts", {}).items():
+            counts[key] += value
+    return totals
+
+
+def summary_table(totals: Mapping[str, Counter[str]]) -> str:
+    """A plain-text table, one row per backend."""
+    headers = {
+        "compile_error": "error",
+        "invalid_schema": "bad schema",
+        "fully_enforced": "full",
+        "valid_accepted": "valid ok",
+        "valid_rejected_key_order": "key order",
+        "invalid_rejected": "invalid rej",
+        "invalid_accepted_label": "label",
+        "invalid_accepted_explained": "explained",
+        "invalid_accepted_unverified": "unverified",
+        "invalid_accepted_defect": "DEFECT",
+        "bytes_tokens_disagree": "bytes!=ids",
+    }
+    rows = [["backend", *(headers.get(c, c) for c in SUMMARY_COLUMNS)]]
+    rows.extend(
+        [name, *(str(counts[c]) for c in SUMMARY_COLUMNS)] for name, counts in totals.items()
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

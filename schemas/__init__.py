@@ -1,1 +1,0 @@
-"""Bundled example schemas: realistic JSON Schemas for the demo, the check and the tests."""
