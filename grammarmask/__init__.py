@@ -36,6 +36,7 @@ from .errors import (
     NotFullyEnforcedError,
     UnsupportedGrammarError,
     VocabularyError,
+    WorkerStartError,
 )
 from .grammars import Grammar, GrammarLimits
 from .pool import MaskFuture, MatcherPool, RequestState
@@ -71,6 +72,7 @@ __all__ = [
     "UnsupportedGrammarError",
     "Vocabulary",
     "VocabularyError",
+    "WorkerStartError",
     "__version__",
     "apply_bitmask",
     "backend_names",

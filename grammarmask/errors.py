@@ -84,6 +84,11 @@ class RequestSpecError(GrammarError):
     says what to change."""
 
 
+class WorkerStartError(GrammarMaskError, RuntimeError):
+    """A process-isolated pool's worker process could not start (it died, failed or hung
+    before it was ready); the message says what happened and what to do."""
+
+
 class RequestFault(GrammarMaskError):
     """A problem that fails one request. Internal: caught where it is raised and kept as the
     request's reason, never raised to the engine."""

@@ -112,3 +112,14 @@ def bundled_examples(
         text = json.dumps(schema["examples"][0], separators=(",", ":"), ensure_ascii=False)
         out[name] = (gm.Grammar.json_schema(schema), encode(text))
     return out
+
+
+LONG_RUN_MARKS = ("slow", "corpus", "cuda")
+"""Runs of their own command, which may take longer than the suite's per-test timeout."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The default run's per-test timeout (pyproject.toml) does not bound the long runs."""
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in LONG_RUN_MARKS):
+            item.add_marker(pytest.mark.timeout(0))

@@ -104,3 +104,54 @@ def faulty_backends(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
 def faulty_compiler(vocab: gm.Vocabulary, compile_timeout_s: float = 60.0) -> gm.GrammarCompiler:
     """A compiler with the backends of `faulty_backends`."""
     return gm.GrammarCompiler(vocab, backends=faulty_backends(vocab), timeout_s=compile_timeout_s)
+
+
+# ---------------------------------------------------------------------- worker start-up
+START_FAULT = "injected start-up fault"
+
+
+def raising_factory(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
+    """A backend_factory that fails in the worker process, as one needing a missing GPU
+    or a missing package would."""
+    raise RuntimeError(START_FAULT)
+
+
+def pid_then_hang_factory(pid_file: str, vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
+    """Write this worker's pid to `pid_file`, then block for good (bind the path with
+    functools.partial)."""
+    with open(pid_file, "w", encoding="utf-8") as out:
+        out.write(str(os.getpid()))
+    time.sleep(3600)
+    return {}
+
+
+def fails_once_marked_factory(marker: str, vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
+    """No extra backends while the file `marker` does not exist; fails once it does (a
+    worker restarted after that cannot start)."""
+    if os.path.exists(marker):
+        raise RuntimeError(START_FAULT)
+    return {}
+
+
+UNIMPORTABLE_MODULE = """
+import multiprocessing
+
+if multiprocessing.current_process().name != "MainProcess":
+    raise ImportError("injected: this module cannot be imported in a worker process")
+
+
+def factory(vocab):
+    return {}
+"""
+"""A module whose import fails in a child process: its `factory`, handed to a worker, makes
+the worker fail before any grammarmask code runs there."""
+
+UNGUARDED_SCRIPT = """
+import grammarmask as gm
+from grammarmask.tools.known_vocabs import load_vocabulary
+
+pool = gm.MatcherPool(load_vocabulary("deepseek"), workers=1, isolation="process")
+print("started")
+pool.close()
+"""
+"""A script that builds a process pool when imported, without `if __name__ == "__main__":`."""

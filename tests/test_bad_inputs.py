@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
+import importlib
 import itertools
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import faults
 import pytest
 import torch
 
@@ -372,7 +381,95 @@ CATALOGUE: tuple[Refusal, ...] = (
     Refusal("config", "compile cache bounded to nothing", "ValueError",
             "cache_bytes must be at least 1, not 0",
             lambda c: gm.GrammarCompiler(c.vocab, cache_bytes=0)),
+    # ------------------------------------------------------------------ worker processes
+    Refusal("workers", "a script that builds a process pool when imported (no main guard)",
+            "WorkerStartError", 'build it under `if __name__ == "__main__":`',
+            lambda c: _unguarded_script(c)),
+    Refusal("workers", "a worker process that cannot import what it runs", "WorkerStartError",
+            "ended before it was ready: worker process died (exit code 1)",
+            lambda c: _unimportable_factory(c)),
+    Refusal("workers", "a backend_factory that raises in the worker process",
+            "WorkerStartError", f"could not start: RuntimeError: {faults.START_FAULT}",
+            lambda c: _process_pool(c, backend_factory=faults.raising_factory)),
+    Refusal("workers", "a worker process killed while it starts", "WorkerStartError",
+            "ended before it was ready: worker process died (SIGKILL)",
+            lambda c: _killed_while_starting(c)),
+    Refusal("workers", "a worker process that hangs while it starts", "WorkerStartError",
+            "was not ready within 3 s (start_timeout_s)",
+            lambda c: _process_pool(c, backend_factory=_hang_factory(c), start_timeout_s=3)),
+    Refusal("workers", "a worker restarted after a crash that cannot start", FAILED,
+            f"worker process could not restart: worker process could not start: RuntimeError: "
+            f"{faults.START_FAULT}", lambda c: _restart_cannot_start(c)),
 )  # fmt: skip
+
+
+def _process_pool(ctx: Ctx, **options: Any) -> None:
+    """Build a one-worker process pool (the rows above raise while building it) and close it."""
+    gm.MatcherPool(ctx.vocab, workers=1, isolation="process", **options).close()
+
+
+def _hang_factory(ctx: Ctx) -> Callable[[gm.Vocabulary], dict[str, gm.Backend]]:
+    pid_file = ctx.folder / f"{ctx.new_id()}.pid"
+    return functools.partial(faults.pid_then_hang_factory, str(pid_file))
+
+
+def _killed_while_starting(ctx: Ctx) -> None:
+    """Kill the worker with SIGKILL as soon as it writes its pid, while the pool waits."""
+    factory = _hang_factory(ctx)
+    pid_file = Path(factory.args[0])  # type: ignore[attr-defined]
+
+    def kill_when_started() -> None:
+        for _ in range(1200):
+            if pid_file.exists() and pid_file.read_text(encoding="utf-8"):
+                os.kill(int(pid_file.read_text(encoding="utf-8")), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_when_started, daemon=True).start()
+    _process_pool(ctx, backend_factory=factory)
+
+
+def _unimportable_factory(ctx: Ctx) -> None:
+    name = f"unimportable_{ctx.new_id()}"
+    (ctx.folder / f"{name}.py").write_text(faults.UNIMPORTABLE_MODULE, encoding="utf-8")
+    sys.path.insert(0, str(ctx.folder))
+    try:
+        module = importlib.import_module(name)
+        _process_pool(ctx, backend_factory=module.factory)
+    finally:
+        sys.path.remove(str(ctx.folder))
+
+
+def _unguarded_script(ctx: Ctx) -> None:
+    """Run the script in its own interpreter; re-raise the error it ended with."""
+    script = ctx.folder / f"{ctx.new_id()}.py"
+    script.write_text(faults.UNGUARDED_SCRIPT, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode != 0 and "started" not in done.stdout, done.stdout
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("grammarmask.errors.WorkerStartError: "), done.stderr[-2000:]
+    raise gm.WorkerStartError(error)
+
+
+def _restart_cannot_start(ctx: Ctx) -> gm.RequestState:
+    """A one-worker pool whose worker is killed once its replacement can no longer start:
+    the request added next fails saying why, and so does every later one."""
+    marker = ctx.folder / f"{ctx.new_id()}.marker"
+    factory = functools.partial(faults.fails_once_marked_factory, str(marker))
+    with gm.MatcherPool(ctx.vocab, workers=1, isolation="process", backend_factory=factory) as pool:
+        pool.add("first", G.regex("[a-z]+"))
+        marker.touch()
+        os.kill(pool.host.pids()[0], signal.SIGKILL)
+        assert "(SIGKILL)" in pool.fill([("first", [])]).failures["first"]
+        pool.add("second", G.regex("[a-z]+"))
+        state = pool.state("second")
+        later = pool.add("third", G.regex("[a-z]+"))
+        assert later.status == "failed" and (later.reason or "").startswith(
+            "no worker process is running: worker process could not restart"
+        )
+        return state
 
 
 def _self_containing() -> dict[str, Any]:
@@ -403,7 +500,20 @@ def ctx(deepseek: gm.Vocabulary, tmp_path_factory: pytest.TempPathFactory) -> It
     context.close()
 
 
-@pytest.mark.parametrize("row", CATALOGUE, ids=lambda r: f"{r.area}: {r.what}")
+START_UP_TIMEOUT_S = 120
+"""Each worker start-up row ends within this (a pool that hung at start would not)."""
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(row, marks=pytest.mark.timeout(START_UP_TIMEOUT_S))
+        if row.area == "workers"
+        else row
+        for row in CATALOGUE
+    ],
+    ids=lambda r: f"{r.area}: {r.what}",
+)
 def test_refused(row: Refusal, ctx: Ctx) -> None:
     if row.outcome == FAILED:
         state = row.trigger(ctx)

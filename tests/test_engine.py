@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import torch
 from conftest import bundled_schema
+from faults import faulty_compiler
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -105,6 +106,31 @@ def test_finish_reasons(deepseek: gm.Vocabulary, pool: gm.MatcherPool) -> None:
     assert reasons["broken"][0] == "error" and "xgrammar cannot compile" in str(
         reasons["broken"][1]
     )
+    assert [r.steps for r in results if r.request_id == "broken"] == [0]  # never batched
+
+
+def test_a_slow_compilation_stalls_no_other_request(deepseek: gm.Vocabulary) -> None:
+    """A request whose grammar takes 2 s to compile joins the batch once compiled: the
+    others stream and finish meanwhile, and it still completes."""
+    events: list[str] = []
+    with gm.MatcherPool(deepseek, workers=2, compiler=faulty_compiler(deepseek)) as pool:
+        engine = ReferenceEngine(RandomModel(deepseek.size), deepseek, pool, num_drafts=0)
+        quick = SamplingParams(temperature=0)
+        results = engine.run(
+            [
+                GenerationRequest(
+                    "slow", [100], gm.Grammar.choice(["no"]), quick, backend="faulty-slow compile"
+                ),
+                GenerationRequest("quick", [100], gm.Grammar.regex("[a-z]{12}"), quick, 12),
+                GenerationRequest("free", [100], None, quick, 12),
+            ],
+            on_text=lambda request_id, delta: events.append(request_id),
+        )
+    by_id = {r.request_id: r for r in results}
+    assert by_id["slow"].text == "no" and by_id["slow"].finish_reason in ("grammar", "stop")
+    assert len(by_id["quick"].text) == 12 and by_id["free"].steps == 12
+    first_slow = events.index("slow")
+    assert "quick" in events[:first_slow] and "quick" not in events[first_slow:]
 
 
 def test_drafts_are_verified_and_caches_trimmed(

@@ -6,6 +6,7 @@ a thread pool with the same backends is the twin whose masks every survivor must
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -19,7 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import bundled_examples, ids_in_row
-from faults import HANG_S, faulty_backends, faulty_compiler
+from faults import (
+    HANG_S,
+    START_FAULT,
+    fails_once_marked_factory,
+    faulty_backends,
+    faulty_compiler,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -444,3 +451,70 @@ def test_a_sampler_tensor_commits_like_a_list(
     masks = pool.fill([(as_tensor, ids[3:5]), (as_list, ids[3:5])])
     assert masks.valid_rows == (3, 3)
     assert torch.equal(_rows(masks, as_tensor), _rows(masks, as_list))
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_restart_is_retired_and_new_requests_go_elsewhere(
+    deepseek: gm.Vocabulary, deepseek_encode: Callable[[str], list[int]], tmp_path: Path
+) -> None:
+    """Worker 0 is killed once its replacement can no longer start: its requests fail with
+    the signal, the request that lands on the replacement fails saying why it could not
+    start, the requests on worker 1 carry on, and every later request goes to worker 1."""
+    marker = tmp_path / "restarts-fail"
+    factory = functools.partial(fails_once_marked_factory, str(marker))
+    grammar = gm.Grammar.regex("[a-z]+")
+    letters = deepseek_encode("abc")
+    with gm.MatcherPool(deepseek, workers=2, isolation="process", backend_factory=factory) as pool:
+        for name in ("a", "b", "c", "d"):
+            pool.add(name, grammar)
+        on = {name: pool.host.worker_of(name) for name in "abcd"}
+        assert sorted(on.values()) == [0, 0, 1, 1]
+        marker.touch()
+        os.kill(pool.host.pids()[0], signal.SIGKILL)
+        masks = pool.fill([(name, []) for name in "abcd"])
+        assert {name for name in masks.failures} == {n for n in "abcd" if on[n] == 0}
+        assert all("(SIGKILL)" in reason for reason in masks.failures.values())
+        pool.add("probe", grammar)  # the replacement holds the fewest: it lands there
+        probe = pool.state("probe")
+        assert probe.status == "failed"
+        assert probe.reason == (
+            f"worker process could not restart: worker process could not start: "
+            f"RuntimeError: {START_FAULT}"
+        )
+        for name in ("e", "f", "g"):
+            assert pool.add(name, grammar).status == "active"
+            assert pool.host.worker_of(name) == 1
+        survivors = [n for n in "abcdefg" if on.get(n, 1) == 1]
+        for name in survivors:
+            assert pool.commit(name, letters).status == "active"
+        masks = pool.fill([(name, []) for name in survivors])
+        assert masks.failures == {}
+
+
+@pytest.mark.timeout(120)
+def test_readiness_says_compiling_ready_or_failed_and_wait_ready_is_bounded(
+    pool: gm.MatcherPool,
+) -> None:
+    """A grammar that takes 2 s to compile is "compiling" until then (a wait of 0.2 s says
+    so, within about that time), then "ready", with its backend; a grammar its backend
+    refuses is "failed" with the reason before any step; so is an unknown id. In both
+    isolation modes."""
+    tag = next(_ids)
+    slow, refused = f"slow{tag}", f"refused{tag}"
+    pool.add(slow, gm.Grammar.regex(f"[a-z]{{{tag}}}"), backend="faulty-slow compile")
+    bad = {"type": "object", "properties": {"a": False}, "required": ["a"]}
+    pool.add(refused, gm.Grammar.json_schema(bad), backend="xgrammar")
+    assert pool.state(slow).readiness == "compiling"
+    started = time.monotonic()
+    early = pool.wait_ready([slow, refused], timeout=0.2)
+    assert time.monotonic() - started < 1.5
+    assert early[slow].readiness == "compiling" and not early[slow].compiled
+    states = pool.wait_ready([slow, refused, "never-added"])
+    assert states[slow].readiness == "ready" and states[slow].compiled
+    assert states[slow].backend == "faulty-slow compile"
+    assert states[refused].readiness == "failed"
+    assert "xgrammar cannot compile" in (states[refused].reason or "")
+    assert states["never-added"].readiness == "failed"
+    assert pool.wait_ready([], timeout=0) == {}
+    for request_id in (slow, refused):
+        pool.remove(request_id)

@@ -3,6 +3,6 @@ mask fill (see docs/design.md)."""
 
 from .future import MaskFuture
 from .pool import MatcherPool
-from .requests import RequestState, Status
+from .requests import Readiness, RequestState, Status
 
-__all__ = ["MaskFuture", "MatcherPool", "RequestState", "Status"]
+__all__ = ["MaskFuture", "MatcherPool", "Readiness", "RequestState", "Status"]

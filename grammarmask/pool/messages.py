@@ -1,7 +1,8 @@
 """The messages between a pool and its worker processes, one record type each.
 
 A worker answers every `Commit` and `StateQuery` with a RequestState and every `Fill` with
-`Begun` then a FillResult; it announces itself with `Ready` once it can take requests.
+`Begun` then a FillResult; it announces itself with `Ready` once it can take requests, or
+says `StartFailed` and exits.
 """
 
 from __future__ import annotations
@@ -75,9 +76,18 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
+class StartFailed:
+    """The worker could not build its compiler or table; it exits after sending this."""
+
+    error: str
+    """The exception, in one line (`RuntimeError: ...`)."""
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True)
 class Begun:
     """The worker took a Fill up (its deadline counts from here)."""
 
 
 ToWorker = Add | Remove | Commit | StateQuery | Fill | Close
-FromWorker = Ready | Begun | FillResult | RequestState
+FromWorker = Ready | StartFailed | Begun | FillResult | RequestState

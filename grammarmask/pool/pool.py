@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
 import torch
@@ -49,6 +49,10 @@ _LOGGED_KEPT = 65_536
 """Failed request ids remembered as logged, at most (an engine that never removes its
 failed requests must not grow the pool)."""
 
+_READY_POLL_S = 1e-3
+_READY_POLL_MAX_S = 20e-3
+"""wait_ready looks again after 1 ms, then twice as long each time, up to 20 ms."""
+
 _NONE_VALID = itertools.repeat(0)
 """The valid rows of an entry without an outcome (one without grammar)."""
 
@@ -70,6 +74,12 @@ class MatcherPool:
     to loose enforcement for grammars no backend enforces fully. Each failed request is
     logged once at WARNING on the "grammarmask" logger (its id and reason) unless
     `log_failures` is False (an engine that logs them with its own ids).
+
+    With isolation="process" the constructor returns once every worker process is ready,
+    and raises WorkerStartError (within seconds when a worker dies or fails while starting,
+    else after `start_timeout_s`) saying what happened. A worker restarted after a crash
+    that cannot start is not restarted again: its requests fail saying why, and new
+    requests go to the other workers.
     """
 
     def __init__(
@@ -84,6 +94,7 @@ class MatcherPool:
         ring_slots: int = 2,
         max_drafts: int = DEFAULT_MAX_DRAFTS,
         compile_timeout_s: float = 60.0,
+        start_timeout_s: float = 120.0,
         compiler: GrammarCompiler | None = None,
         backend_factory: BackendFactory | None = None,
         device_ops: DeviceOps | None = None,
@@ -125,7 +136,7 @@ class MatcherPool:
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots, ring.host)
             try:
                 self._host = ProcessHost(
-                    vocab, self.workers, ring, compile_timeout_s, backend_factory
+                    vocab, self.workers, ring, compile_timeout_s, backend_factory, start_timeout_s
                 )
             except BaseException:
                 ring.close()
@@ -182,6 +193,27 @@ class MatcherPool:
     def state(self, request_id: RequestId) -> RequestState:
         """The request's state now (an unknown id: failed, saying so)."""
         return self._noted(self._host.state(request_id))
+
+    def wait_ready(
+        self, request_ids: Iterable[RequestId], timeout: float | None = None
+    ) -> dict[RequestId, RequestState]:
+        """The requests' states once none of them is compiling any more, or after `timeout`
+        seconds (None: until then; each compilation is bounded by compile_timeout_s). Those
+        still compiling at the timeout have readiness "compiling"; `timeout=0` asks which are
+        ready now. Never raises for a request: an engine admits the "ready" ones to its
+        batch, ends the "failed" ones with their reason and keeps the rest waiting."""
+        ids = list(request_ids)
+        end = None if timeout is None else time.monotonic() + timeout
+        pause = _READY_POLL_S
+        while True:
+            states = {request_id: self.state(request_id) for request_id in ids}
+            if all(state.readiness != "compiling" for state in states.values()):
+                return states
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return states
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(2 * pause, _READY_POLL_MAX_S)
 
     @property
     def transfer(self) -> MaskTransfer:

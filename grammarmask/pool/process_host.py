@@ -25,12 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, cast
 
 import torch
 
 from ..backends.base import fill_stop_only
-from ..errors import GrammarMaskError, RequestFault, WorkerGone
+from ..errors import GrammarMaskError, RequestFault, WorkerGone, WorkerStartError
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
 from .host import BackendFactory, StepRun
@@ -43,6 +44,7 @@ from .messages import (
     FromWorker,
     Ready,
     Remove,
+    StartFailed,
     StateQuery,
     ToWorker,
 )
@@ -81,6 +83,8 @@ class _Worker:
     conn: multiprocessing.connection.Connection
     held: set[RequestId] = field(default_factory=set)
     pending_removes: list[RequestId] = field(default_factory=list)
+    ready: bool = False
+    """It said Ready: it started. A worker that dies before that could not start."""
 
 
 @contextlib.contextmanager
@@ -112,9 +116,15 @@ class ProcessHost:
         ring: SharedRing,
         compile_timeout_s: float,
         backend_factory: BackendFactory | None,
+        start_timeout_s: float,
     ) -> None:
+        """Start the workers and wait until each is ready; raise WorkerStartError, having
+        stopped them all, if one dies or fails first or takes over `start_timeout_s`."""
         self._context = multiprocessing.get_context("spawn")
-        self._vocab_pickle = pickle.dumps(vocab)
+        payload = pickle.dumps(vocab)
+        self._vocab_memory = SharedMemory(create=True, size=max(1, len(payload)))
+        cast(memoryview, self._vocab_memory.buf)[: len(payload)] = payload
+        self._vocab_size = len(payload)
         self._ring = ring
         self._compile_timeout_s = compile_timeout_s
         self._factory = backend_factory
@@ -125,7 +135,55 @@ class ProcessHost:
         self._slots = [threading.Lock() for _ in range(workers)]
         self._steps_in_flight = 0
         self.restarts = 0
-        self._workers = [self._spawn(index) for index in range(workers)]
+        self._broken: dict[int, str] = {}
+        """Worker index -> why its replacement could not start (it is not restarted)."""
+        self._workers: list[_Worker] = []
+        try:
+            for index in range(workers):
+                self._workers.append(self._spawn(index))
+            self._await_ready(start_timeout_s)
+        except BaseException:
+            self._stop_workers()
+            self._vocab_memory.close()
+            self._vocab_memory.unlink()
+            raise
+
+    def _await_ready(self, timeout_s: float) -> None:
+        """Wait for every worker's Ready, watching their pipes and processes."""
+        limit = time.monotonic() + timeout_s
+        waiting = {worker.conn: worker for worker in self._workers}
+        while waiting:
+            watched = [*waiting, *(worker.process.sentinel for worker in waiting.values())]
+            ready = multiprocessing.connection.wait(watched, max(0.0, limit - time.monotonic()))
+            if not ready:
+                worker = next(iter(waiting.values()))
+                raise WorkerStartError(
+                    f"grammarmask worker process {worker.index} was not ready within "
+                    f"{timeout_s:g} s (start_timeout_s); a backend_factory that blocks, or a "
+                    "machine too loaded to import torch in that time?"
+                )
+            for conn in [conn for conn in waiting if conn in ready]:
+                worker = waiting.pop(conn)
+                message = _poll(worker)
+                if isinstance(message, Ready):
+                    worker.ready = True
+                    continue
+                if isinstance(message, StartFailed):
+                    raise WorkerStartError(
+                        f"grammarmask worker process {worker.index} could not start: "
+                        f"{message.error}\n{message.traceback}"
+                    )
+                raise WorkerStartError(_start_death(worker))
+            for worker in waiting.values():
+                if worker.process.sentinel in ready:  # ended without a word
+                    raise WorkerStartError(_start_death(worker))
+
+    def _stop_workers(self) -> None:
+        for worker in self._workers:
+            if worker.process.is_alive():
+                worker.process.kill()
+            worker.process.join()
+            worker.conn.close()
 
     def _spawn(self, index: int) -> _Worker:
         parent, child = self._context.Pipe()
@@ -133,7 +191,7 @@ class ProcessHost:
             target=worker_main,
             args=(
                 child,
-                self._vocab_pickle,
+                (self._vocab_memory.name, self._vocab_size),
                 self._ring.memory.name,
                 self._ring.shape,
                 self._compile_timeout_s,
@@ -165,16 +223,28 @@ class ProcessHost:
         *,
         allow_unenforced: bool = False,
     ) -> RequestState:
+        """On the worker holding the fewest requests, among those in service; a request
+        for which none is left fails saying why."""
+        held = _Held(request_id, grammar, backend, -1, allow_unenforced)
         with self._lock:
             if request_id in self._held:
                 raise GrammarMaskError(f"request {request_id!r} is already in the pool")
-            index = min(self._workers, key=lambda w: len(w.held)).index
-            self._held[request_id] = _Held(request_id, grammar, backend, index, allow_unenforced)
-        with self._slots[index]:
-            worker = self._alive(self._workers[index], "idle")
-            worker.held.add(request_id)
-            _send(worker, Add(request_id, grammar, backend, allow_unenforced))
-        return RequestState(request_id, "active", backend=backend)
+            self._held[request_id] = held
+        while True:
+            with self._lock:
+                running = [w for w in self._workers if w.index not in self._broken]
+                if not running:
+                    held.failed = f"no worker process is running: {self._broken[0]}"
+                    return RequestState(request_id, "failed", held.failed, backend=backend)
+                index = min(running, key=lambda w: len(w.held)).index
+            with self._slots[index]:
+                worker = self._alive(self._workers[index], "idle")
+                if index in self._broken:  # it died before it was ready: choose again
+                    continue
+                held.worker = index
+                worker.held.add(request_id)
+                _send(worker, Add(request_id, grammar, backend, allow_unenforced))
+            return RequestState(request_id, "active", backend=backend)
 
     def remove(self, request_id: RequestId) -> None:
         with self._lock:
@@ -249,10 +319,12 @@ class ProcessHost:
                 self._replace(worker, f"worker process hung while {doing}", kill=True)
                 raise WorkerGone
             message = _poll(worker) if worker.conn in ready else None
-            if message is None:
-                self._replace(worker, f"{_death(worker)} while {doing}", kill=False)
+            if isinstance(message, Ready):
+                worker.ready = True
+            elif isinstance(message, StartFailed) or message is None:
+                self._replace(worker, _ended(worker, message, f"while {doing}"), kill=False)
                 raise WorkerGone
-            if not isinstance(message, Ready):
+            else:
                 return message
 
     def _alive(self, worker: _Worker, doing: str) -> _Worker:
@@ -270,11 +342,18 @@ class ProcessHost:
         spare: frozenset[RequestId] = frozenset(),
     ) -> _Worker:
         """Stop `worker` (slot lock held), fail the requests it held with `reason` except
-        `spare`, which are replayed on its replacement, started at the same index."""
+        `spare`, which are replayed on its replacement, started at the same index. A worker
+        that ended before it was ready is not replaced: its index stays out of service
+        (`_broken`), and every request it held fails saying why it could not start."""
         if kill:
             worker.process.kill()
         worker.process.join()
+        last = _last_words(worker)
         worker.conn.close()
+        if worker.index in self._broken:
+            return worker
+        if not worker.ready:
+            return self._retire(worker, _ended(worker, last, "") if last else reason)
         new = self._spawn(worker.index)
         with self._lock:
             self.restarts += 1
@@ -298,6 +377,18 @@ class ProcessHost:
             new.pending_removes = worker.pending_removes
             self._workers[worker.index] = new
         return new
+
+    def _retire(self, worker: _Worker, reason: str) -> _Worker:
+        """Take a worker that could not start out of service (slot lock held)."""
+        why = f"worker process could not restart: {reason}"
+        with self._lock:
+            self._broken[worker.index] = why
+            for request_id in worker.held:
+                held = self._held.get(request_id)
+                if held is not None and held.failed is None:
+                    held.failed = why
+            worker.held = set()
+        return worker
 
     # ------------------------------------------------------------------ the step
     def begin(self, plan: StepPlan) -> StepRun:
@@ -403,11 +494,13 @@ class ProcessHost:
                         result.failures.update(message.failures)
                         self._note_failures(message.failures)
                         del waiting[index]
-                    elif message is None:
-                        self._bury(worker, host, groups[index], result)
+                    elif isinstance(message, StartFailed) or message is None:
+                        self._bury(worker, host, groups[index], result, message)
                         del waiting[index]
                     elif isinstance(message, Begun):
                         begun[index] = now
+                    elif isinstance(message, Ready):
+                        worker.ready = True
                 elif worker.process.sentinel in ready:
                     continue  # its pipe, read next round, says the rest
                 elif _past(sync, begun.get(index), started, now):
@@ -415,11 +508,19 @@ class ProcessHost:
                     del waiting[index]
 
     def _bury(
-        self, worker: _Worker, host: torch.Tensor, entries: list[FillEntry], result: FillResult
+        self,
+        worker: _Worker,
+        host: torch.Tensor,
+        entries: list[FillEntry],
+        result: FillResult,
+        last: StartFailed | None = None,
     ) -> None:
-        """A worker died during the step: its requests fail, naming the signal."""
-        reason = f"{_death(worker)} while filling masks"
+        """A worker died during the step: its requests fail, naming the signal (or what it
+        said if it could not start)."""
+        reason = _ended(worker, last, "while filling masks")
         self._replace(worker, reason, kill=False)
+        if worker.index in self._broken:
+            reason = self._broken[worker.index]
         for entry in entries:
             self._fail_rows(host, entry, result, reason)
 
@@ -486,6 +587,8 @@ class ProcessHost:
                 worker.process.join()
             worker.conn.close()
         self._ring.close()
+        self._vocab_memory.close()
+        self._vocab_memory.unlink()
 
 
 def _send(worker: _Worker, message: ToWorker) -> None:
@@ -506,6 +609,40 @@ def _poll(worker: _Worker) -> FromWorker | None:
 def _past(sync: StepSync, begun: float | None, started: float, now: float) -> bool:
     """A worker's deadline is the step's, moved on by the time it took to take the step up."""
     return sync.at is not None and begun is not None and now >= sync.at + begun - started
+
+
+def _last_words(worker: _Worker) -> StartFailed | None:
+    """Read what a stopped worker left in its pipe: whether it had said Ready, and what it
+    said if it could not start."""
+    said = None
+    with contextlib.suppress(OSError, EOFError):
+        while worker.conn.poll(0):
+            message = _poll(worker)
+            if message is None:
+                break
+            if isinstance(message, Ready):
+                worker.ready = True
+            elif isinstance(message, StartFailed):
+                said = message
+    return said
+
+
+def _ended(worker: _Worker, last: StartFailed | None, doing: str) -> str:
+    """Why a worker's pipe ended: what it said if it could not start, else how it died."""
+    if last is not None:
+        return f"worker process could not start: {last.error}"
+    return f"{_death(worker)} {doing}"
+
+
+def _start_death(worker: _Worker) -> str:
+    """The error for a worker that ended before it was ready, at the pool's start."""
+    return (
+        f"grammarmask worker process {worker.index} ended before it was ready: "
+        f"{_death(worker)}; its own error, if it printed one, is on standard error above. "
+        'If a script builds a MatcherPool with isolation="process" when it is imported, '
+        'build it under `if __name__ == "__main__":` instead: each worker process starts '
+        "by importing the main module again (multiprocessing's spawn start method)."
+    )
 
 
 def _death(worker: _Worker) -> str:

@@ -27,6 +27,7 @@ from ..vocabulary import Vocabulary
 from .plan import RequestId, integer_ids, listed
 
 Status = Literal["active", "finished", "failed"]
+Readiness = Literal["compiling", "ready", "failed"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,17 @@ class RequestState:
     backend: str | None = None
     unenforced: tuple[Unenforced, ...] = ()
     committed: int = 0
+    compiled: bool = False
+    """Its grammar is compiled: a step fills its rows without waiting for a compilation."""
+
+    @property
+    def readiness(self) -> Readiness:
+        """ "compiling" while a step would wait for its grammar, then "ready", or "failed"
+        (with `reason`): what an engine checks to keep a compiling request out of its batch,
+        so that a slow compilation never stalls the others."""
+        if self.status == "failed":
+            return "failed"
+        return "ready" if self.compiled or self.status == "finished" else "compiling"
 
 
 @dataclass(eq=False, slots=True)
@@ -54,11 +66,19 @@ class Request:
     backend: str | None = None
     unenforced: tuple[Unenforced, ...] = ()
     committed: int = 0
+    ready: bool = False
+    """Its compilation succeeded."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def snapshot(self) -> RequestState:
         return RequestState(
-            self.request_id, self.status, self.reason, self.backend, self.unenforced, self.committed
+            self.request_id,
+            self.status,
+            self.reason,
+            self.backend,
+            self.unenforced,
+            self.committed,
+            self.ready,
         )
 
     @property
@@ -129,6 +149,8 @@ class RequestTable:
             request = self._requests.get(request_id)
         if request is None:
             return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+        if not request.ready and request.status == "active" and request.compiled is not None:
+            self._compiled(request, 0.0)  # its compilation may have ended: say so now
         return request.snapshot()
 
     def lookup(self, request_ids: Sequence[RequestId]) -> list[Request]:
@@ -155,20 +177,36 @@ class RequestTable:
                 f"unknown request id {request.request_id!r}: add() it before its first step"
             )
             return None
+        compiled = self._compiled(
+            request, max(0.0, request.compile_deadline - time.monotonic()), final=True
+        )
+        if compiled is None:
+            return None
+        request.matcher = compiled.matcher()
+        return request.matcher
+
+    def _compiled(
+        self, request: Request, timeout: float, *, final: bool = False
+    ) -> CompiledGrammar | None:
+        """The request's compiled grammar if ready within `timeout` (its backend and what
+        it leaves unenforced are then known), else None. A compile error fails the request,
+        and so does a timeout when `final` or once past the compile deadline."""
+        assert request.compiled is not None
         try:
-            compiled = wait_compiled(
-                request.compiled, max(0.0, request.compile_deadline - time.monotonic())
-            )
+            compiled = wait_compiled(request.compiled, timeout)
         except FutureTimeout:
-            request.fail(f"grammar compilation did not finish within {self.compile_timeout_s:g} s")
+            if final or time.monotonic() >= request.compile_deadline:
+                request.fail(
+                    f"grammar compilation did not finish within {self.compile_timeout_s:g} s"
+                )
             return None
         except GrammarError as exc:
             request.fail(f"grammar error: {exc}")
             return None
         request.backend = compiled.backend
         request.unenforced = compiled.unenforced
-        request.matcher = compiled.matcher()
-        return request.matcher
+        request.ready = True
+        return compiled
 
     # ------------------------------------------------------------------ fill
     def compiling(self, request: Request) -> Future[CompiledGrammar] | None:

@@ -11,14 +11,16 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.shared_memory import SharedMemory
+from typing import cast
 
 from ..compiler import GrammarCompiler
 from ..errors import GrammarMaskError
 from ..vocabulary import Vocabulary
 from .host import BackendFactory
-from .messages import Add, Begun, Commit, Fill, Ready, Remove, StateQuery, ToWorker
+from .messages import Add, Begun, Commit, Fill, Ready, Remove, StartFailed, StateQuery, ToWorker
 from .requests import RequestTable
 from .shared_ring import SharedRing
 from .step_fill import StepEntries, StepFill
@@ -30,23 +32,41 @@ HANG_GRACE_S = 60.0
 """A worker that answers nothing this long past the compile timeout counts as hung."""
 
 
+def load_vocabulary(memory_name: str, size: int) -> Vocabulary:
+    """The pool's vocabulary, pickled by the parent into shared memory: handed over there
+    rather than through the spawn pipe, whose write blocks the parent for good when a large
+    payload meets a child that died before reading it."""
+    memory = SharedMemory(name=memory_name)
+    try:
+        vocab: Vocabulary = pickle.loads(bytes(cast(memoryview, memory.buf)[:size]))
+    finally:
+        memory.close()
+    return vocab
+
+
 def worker_main(
     conn: multiprocessing.connection.Connection,
-    vocab_pickle: bytes,
+    vocab_memory: tuple[str, int],
     memory_name: str,
     shape: tuple[int, int, int],
     compile_timeout_s: float,
     backend_factory: BackendFactory | None,
 ) -> None:
-    """Serve messages until `Close` or the end of the pipe, then exit at once (without
-    joining threads a hanging matcher may still hold)."""
+    """Say `Ready` (or `StartFailed`, and exit 1), then serve messages until `Close` or the
+    end of the pipe, and exit at once (without joining threads a hanging matcher may still
+    hold)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    vocab: Vocabulary = pickle.loads(vocab_pickle)
-    backends = backend_factory(vocab) if backend_factory is not None else None
-    compiler = GrammarCompiler(vocab, timeout_s=compile_timeout_s, backends=backends)
-    table = RequestTable(vocab, compiler, compile_timeout_s)
-    memory = SharedMemory(name=memory_name)
-    host, progress = SharedRing.views(memory, shape)
+    try:
+        vocab = load_vocabulary(*vocab_memory)
+        backends = backend_factory(vocab) if backend_factory is not None else None
+        compiler = GrammarCompiler(vocab, timeout_s=compile_timeout_s, backends=backends)
+        table = RequestTable(vocab, compiler, compile_timeout_s)
+        memory = SharedMemory(name=memory_name)
+        host, progress = SharedRing.views(memory, shape)
+    except BaseException as exc:  # the parent raises it, or fails the worker's requests
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        conn.send(StartFailed(error, traceback.format_exc()))
+        os._exit(1)
     threads = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="grammarmask-fill")
     conn.send(Ready(os.getpid()))
     while True:

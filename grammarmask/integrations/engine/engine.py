@@ -56,6 +56,8 @@ class GenerationRequest:
     grammar: Grammar | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
     max_new_tokens: int = 256
+    backend: str | None = None
+    """The backend for its grammar (None: the pool's)."""
 
 
 @dataclass
@@ -102,6 +104,10 @@ class _Running:
     masking: float = 0.0
 
 
+_ADMIT_WAIT_S = 0.05
+"""How long a step waits for a compilation when no request is ready to run."""
+
+
 class ReferenceEngine:
     """Runs requests to completion, one forward per request per step, masks for all at once."""
 
@@ -130,12 +136,19 @@ class ReferenceEngine:
         requests: Sequence[GenerationRequest],
         on_text: Callable[[str, str], None] | None = None,
     ) -> list[GenerationResult]:
-        """Generate for every request; `on_text(request_id, delta)` streams complete text."""
+        """Generate for every request; `on_text(request_id, delta)` streams complete text.
+
+        A request joins the batch once its grammar is compiled (`MatcherPool.wait_ready`):
+        the others step meanwhile, so a slow compilation stalls nobody; one whose grammar
+        fails ends at once with the reason."""
         running: dict[str, _Running] = {}
         results: dict[str, GenerationResult] = {}
+        admitted: set[str] = set()
         for request in requests:
             if request.grammar is not None:
-                self.pool.add(request.request_id, request.grammar)
+                self.pool.add(request.request_id, request.grammar, backend=request.backend)
+            else:
+                admitted.add(request.request_id)
             running[request.request_id] = _Running(
                 request,
                 IncrementalDetokenizer(self.vocab),
@@ -144,8 +157,22 @@ class ReferenceEngine:
                 pending=list(request.prompt_ids),
             )
         while running:
-            for rid, reason, error in self._step(list(running.values()), on_text):
+            compiling = [rid for rid in running if rid not in admitted]
+            if compiling:
+                wait = 0.0 if admitted else _ADMIT_WAIT_S  # nothing else to do: wait a little
+                for rid, ready in self.pool.wait_ready(compiling, timeout=wait).items():
+                    if ready.readiness == "ready":
+                        admitted.add(rid)
+                    elif ready.readiness == "failed":
+                        results[rid] = self._finish(
+                            running.pop(rid), "error", ready.reason, on_text
+                        )
+            batch = [state for rid, state in running.items() if rid in admitted]
+            if not batch:
+                continue
+            for rid, reason, error in self._step(batch, on_text):
                 state = running.pop(rid)
+                admitted.discard(rid)
                 results[rid] = self._finish(state, reason, error, on_text)
         return [results[r.request_id] for r in requests]
 
