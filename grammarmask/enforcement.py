@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .formats import FIXED_LENGTH_PATTERNS
 from .grammars import json_pointer
 
 VOCABULARY = frozenset(
@@ -42,9 +43,9 @@ FORMATS = frozenset(
 """The formats JSON Schema defines. Validators check no other (OpenAPI's int32, double, ...),
 so another `format` constrains nothing and is not reported."""
 
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_SINGLE = (
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SUBSCHEMA_SINGLE = (
     "additionalProperties", "items", "additionalItems", "contains", "not", "if", "then", "else",
     "propertyNames", "unevaluatedItems", "unevaluatedProperties",
 )  # fmt: skip
@@ -82,17 +83,17 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, 
     if not isinstance(schema, dict):
         return
     yield schema, pointer
-    for key in _SUBSCHEMA_MAPS:
+    for key in SUBSCHEMA_MAPS:
         children = schema.get(key)
         if isinstance(children, dict):
             for name, child in children.items():
                 yield from iter_subschemas(child, pointer + json_pointer((key, name)))
-    for key in (*_SUBSCHEMA_LISTS, "items"):
+    for key in (*SUBSCHEMA_LISTS, "items"):
         children = schema.get(key)
         if isinstance(children, list):
             for index, child in enumerate(children):
                 yield from iter_subschemas(child, pointer + json_pointer((key, index)))
-    for key in _SUBSCHEMA_SINGLE:
+    for key in SUBSCHEMA_SINGLE:
         child = schema.get(key)
         if isinstance(child, dict):
             yield from iter_subschemas(child, pointer + json_pointer((key,)))
@@ -127,11 +128,72 @@ def required_outside_properties(node: dict[str, Any], pointer: str) -> Iterable[
 
 
 def length_beside_pattern_or_format(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
-    """xgrammar 0.2.9 drops minLength/maxLength next to pattern or format (a warning only)."""
+    """xgrammar 0.2.9 drops minLength/maxLength next to pattern or format (a warning only),
+    which changes nothing where the pattern fixes the length within them."""
     if "pattern" in node or "format" in node:
+        pattern = node.get("pattern")
+        fixed = FIXED_LENGTH_PATTERNS.get(pattern) if isinstance(pattern, str) else None
         for keyword in ("minLength", "maxLength"):
-            if keyword in node:
-                yield Unenforced(pointer, keyword, "ignored when combined with pattern or format")
+            value = node.get(keyword)
+            if value is None:
+                continue
+            implied = (
+                fixed is not None
+                and "format" not in node
+                and isinstance(value, int)
+                and (value >= fixed if keyword == "maxLength" else value <= fixed)
+            )
+            if implied:
+                continue
+            yield Unenforced(pointer, keyword, "ignored when combined with pattern or format")
+
+
+def pattern_beside_length(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """outlines-core 0.2.14 builds a string with minLength/maxLength from the lengths alone,
+    dropping its pattern (measured)."""
+    if "pattern" in node and ("minLength" in node or "maxLength" in node):
+        yield Unenforced(pointer, "pattern", "ignored when combined with minLength/maxLength")
+
+
+def optional_group_ending_in_repetition(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar 0.2.9 compiles a schema pattern's `(bc+)?` as if `b` were optional too
+    (`acZ` passes `^a(bc+)?Z$`; measured): such a pattern is not enforced."""
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and _has_optional_group_ending_in_repetition(pattern):
+        yield Unenforced(pointer, "pattern", "an optional group ending in a repetition")
+
+
+def _has_optional_group_ending_in_repetition(pattern: str) -> bool:
+    opened: list[int] = []
+    escaped = in_class = False
+    for index, char in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            opened.append(index)
+        elif char == ")" and opened:
+            opened.pop()
+            last = pattern[index - 1] if index else ""
+            follows = pattern[index + 1 : index + 2]
+            if follows == "?" and last in "+*?}" and pattern[index - 2 : index - 1] != "\\":
+                return True
+    return False
+
+
+def beside_any_of(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar 0.2.9 and outlines-core 0.2.14 serve a schema object with `anyOf` or
+    `oneOf` as its branches alone: the keywords beside them (type, properties, required,
+    additionalProperties, bounds, ...) go unchecked at any position (measured)."""
+    if isinstance(node.get("anyOf"), list) or isinstance(node.get("oneOf"), list):
+        for keyword in node:
+            if keyword in VOCABULARY and keyword not in ("anyOf", "oneOf"):
+                yield Unenforced(pointer, keyword, "ignored beside anyOf/oneOf")
 
 
 _COMMON = frozenset(
@@ -147,7 +209,12 @@ XGRAMMAR_SUPPORT = KeywordSupport(
     enforced=_COMMON
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
     formats=_COMMON_FORMATS | {"ipv4", "hostname", "time"},
-    rules=(required_outside_properties, length_beside_pattern_or_format),
+    rules=(
+        required_outside_properties,
+        length_beside_pattern_or_format,
+        beside_any_of,
+        optional_group_ending_in_repetition,
+    ),
     format_notes=(
         ("date", "is approximated: any day 01-31 passes in every month"),
         ("date-time", "is approximated: any day 01-31 passes in every month"),
@@ -160,7 +227,7 @@ multipleOf, patternProperties and propertyNames only in some shapes, so never tr
 OUTLINES_SUPPORT = KeywordSupport(
     enforced=_COMMON,
     formats=_COMMON_FORMATS,
-    rules=(required_outside_properties,),
+    rules=(required_outside_properties, pattern_beside_length, beside_any_of),
     format_notes=(
         ("date", "is approximated: Unicode digits and day 31 in every month pass"),
         ("date-time", "is approximated: negative years, a missing offset and day 31 pass"),

@@ -103,6 +103,8 @@ def test_known_gaps_name_their_cause() -> None:
     assert known_gap('"\x85"') is not None
     assert known_gap('{"x":1e+16}') is not None
     assert known_gap('{"e1":"e","n":10}') is None
+    assert "e-mail" in str(known_gap('{"to":"0@a.a.com"}'))
+    assert known_gap('{"to":"0@a.ab.com"}') is None
 
 
 def test_fuzz_cli_prints_a_table_and_refuses_unknown_backends(

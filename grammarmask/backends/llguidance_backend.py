@@ -21,6 +21,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from ..enforcement import LLGUIDANCE_SUPPORT, Unenforced, find_unenforced, iter_subschemas
 from ..errors import CompileError, UnsupportedGrammarError, VocabularyError
 from ..grammars import Grammar
+from ..lowering import lowered
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
 
@@ -205,12 +206,12 @@ class LLGuidanceBackend(Backend):
     def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
         if grammar.kind != "json_schema":
             return ()
-        return find_unenforced(grammar.schema, LLGUIDANCE_SUPPORT)
+        return find_unenforced(lowered(grammar).schema, LLGUIDANCE_SUPPORT)
 
     def _lark(self, grammar: Grammar) -> str:
         """The grammar as llguidance's Lark dialect (JSON Schema inline via %json)."""
         if grammar.kind in ("json_schema", "json"):
-            schema: Any = grammar.schema if grammar.kind == "json_schema" else {}
+            schema: Any = lowered(grammar).schema if grammar.kind == "json_schema" else {}
             if schema is False:
                 raise UnsupportedGrammarError(
                     f"llguidance cannot serve {grammar.describe()}: it accepts no JSON at all"

@@ -11,6 +11,7 @@ import torch
 from ..enforcement import OUTLINES_SUPPORT, Unenforced, find_unenforced
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
+from ..lowering import lowered
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer, set_token_bits
 
@@ -98,7 +99,8 @@ class OutlinesBackend(Backend):
                 else f"[ \\t\\n\\r]{{0,{grammar.max_whitespace}}}"
             )
             try:
-                return str(build_regex_from_schema(grammar.source, whitespace_pattern=whitespace))
+                source = lowered(grammar).source
+                return str(build_regex_from_schema(source, whitespace_pattern=whitespace))
             except (ValueError, TypeError, RuntimeError) as exc:
                 raise UnsupportedGrammarError(
                     f"outlines cannot express {grammar.describe()}: {exc}"
@@ -113,7 +115,7 @@ class OutlinesBackend(Backend):
         if grammar.kind in ("json", "ebnf"):
             self._regex(grammar)
         if grammar.kind == "json_schema":
-            return find_unenforced(grammar.schema, OUTLINES_SUPPORT)
+            return find_unenforced(lowered(grammar).schema, OUTLINES_SUPPORT)
         return ()
 
     def compile(self, grammar: Grammar) -> CompiledGrammar:

@@ -16,6 +16,7 @@ import xgrammar
 from ..enforcement import XGRAMMAR_SUPPORT, Unenforced, find_unenforced, iter_subschemas
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
+from ..lowering import lowered
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits, words_per_row
 
@@ -289,7 +290,8 @@ class XGrammarBackend(Backend):
     def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
         if grammar.kind != "json_schema":
             return ()
-        found = find_unenforced(grammar.schema, XGRAMMAR_SUPPORT)
+        schema = lowered(grammar).schema
+        found = find_unenforced(schema, XGRAMMAR_SUPPORT)
         if grammar.whitespace == "flexible":
             found += tuple(
                 Unenforced(
@@ -297,7 +299,7 @@ class XGrammarBackend(Backend):
                     "maxLength" if "maxLength" in node else "minLength",
                     "a raw TAB can enter this string under flexible whitespace",
                 )
-                for node, pointer in iter_subschemas(grammar.schema)
+                for node, pointer in iter_subschemas(schema)
                 if ("minLength" in node or "maxLength" in node)
                 and "pattern" not in node
                 and "format" not in node
@@ -308,7 +310,7 @@ class XGrammarBackend(Backend):
     def _compile_raw(grammar: Grammar, compiler: Any) -> Any:
         if grammar.kind in ("json_schema", "json"):
             flexible = grammar.whitespace == "flexible"
-            schema = grammar.source if grammar.kind == "json_schema" else "{}"
+            schema = lowered(grammar).source if grammar.kind == "json_schema" else "{}"
             return compiler.compile_json_schema(
                 schema,
                 any_whitespace=flexible,

@@ -35,6 +35,7 @@ from jsonschema.validators import validator_for
 from ..backends import Matcher
 from ..enforcement import Unenforced, iter_subschemas
 from ..grammars import resolve_pointer
+from ..lowering import lower_schema
 from ..resources import bundled_sample_dir, corpus_dir
 from ..vocabulary import Vocabulary
 
@@ -190,8 +191,9 @@ def feed(matcher: Matcher, token_ids: Sequence[int]) -> tuple[bool, int]:
 
 # ---------------------------------------------------------------------------- judging
 def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> Any:
-    """`schema` without the keywords a backend declared as not enforced."""
-    loose = copy.deepcopy(schema)
+    """`schema` without the keywords a backend declared as not enforced (their pointers
+    are into the lowered schema, which accepts what `schema` accepts)."""
+    loose = copy.deepcopy(lower_schema(schema).schema)
     for item in unenforced:
         node = resolve_pointer(loose, item.pointer)
         if isinstance(node, dict):

@@ -1,0 +1,238 @@
+"""Schema lowering: a JSON Schema rewritten into one that accepts exactly the same
+instances and that the backends enforce fully, before any backend sees it.
+
+Every rewrite is exact or it is not applied; what stays approximate is left to the
+backends' enforcement tables, which declare it. `Grammar` keeps the user's schema;
+`lowered(grammar)` is what the backends compile and what `grammarmask check` shows.
+Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in count
+keywords as integers, formats the schema's draft does not define dropped, `date`, `time`
+and `date-time` as exact patterns, dependencies and `dependentRequired` /
+`dependentSchemas` as `anyOf`, a provably disjoint `oneOf` as `anyOf`, and the `not`s that
+have a positive form.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import formats
+from ..enforcement import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_SINGLE, VOCABULARY
+from ..grammars import Grammar, json_pointer, resolve_pointer
+from . import combinators, drafts
+
+COUNT_KEYWORDS = (
+    "maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties",
+    "maxContains", "minContains",
+)  # fmt: skip
+"""Keywords whose value is a count: `2.0` means 2 (JSON Schema's integers are mathematical)."""
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One change lowering made, at a JSON pointer of the user's schema."""
+
+    pointer: str
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule} at {self.pointer or '/'}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class LoweredSchema:
+    """The schema the backends compile, and what lowering changed to get it."""
+
+    schema: Any
+    rewrites: tuple[Rewrite, ...] = ()
+
+    @functools.cached_property
+    def source(self) -> str:
+        """The lowered schema as JSON text."""
+        return json.dumps(self.schema)
+
+
+@dataclass
+class _Context:
+    root: Any
+    draft: str | None
+    """The user's draft, when its keywords may be rewritten (None: they stay)."""
+    in_place: bool = False
+    """Only rewrites that move no subschema (a `$ref` may point into any)."""
+    rewrites: list[Rewrite] = field(default_factory=list)
+
+    def note(self, pointer: str, rule: str, detail: str) -> None:
+        self.rewrites.append(Rewrite(pointer, rule, detail))
+
+
+def lower_schema(schema: Any) -> LoweredSchema:
+    """`schema` lowered (a new object: `schema` is not changed). Where a rewrite would move
+    or drop a subschema that a `$ref` points to, only the rewrites that move nothing run
+    (integer counts, formats)."""
+    draft = drafts.draft_of(schema)
+    if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema):
+        draft = None  # refs into subschemas the conversion moves: left in its own draft
+    context = _Context(schema, draft)
+    lowered = _lower(schema, "", context, root=True)
+    if not _refs_resolve(lowered):
+        context = _Context(schema, None, in_place=True)
+        lowered = _lower(schema, "", context, root=True)
+    return LoweredSchema(lowered, tuple(context.rewrites))
+
+
+def _refs_resolve(schema: Any) -> bool:
+    """Every local `$ref` of `schema` lands on a schema in it."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/"):
+                target = resolve_pointer(schema, ref[1:])
+                if not isinstance(target, (dict, bool)):
+                    return False
+            stack.extend(node.values())
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _lowered_source(source: str) -> LoweredSchema:
+    return lower_schema(json.loads(source))
+
+
+def lowered(grammar: Grammar) -> LoweredSchema:
+    """The lowered schema of a json_schema grammar (cached by its text)."""
+    return _lowered_source(grammar.source)
+
+
+def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) -> Any:
+    if not isinstance(node, dict):
+        return node
+    draft = context.draft
+    if context.in_place:
+        out = _children(dict(node), pointer, context)
+        _integer_counts(out, pointer, context)
+        _formats(out, pointer, context, drafts.draft_of(context.root))
+        return out
+    out = dict(node)
+    if draft is not None:
+        _unknown_keywords(out, pointer, context, draft)
+    if draft in drafts.OLD_DRAFTS:
+        out, changed = drafts.to_2020_12(out, draft, root=root)
+        for detail in changed:
+            context.note(pointer, "draft", detail)
+    out = _children(out, pointer, context)  # first: the rules below read lowered children
+    _integer_counts(out, pointer, context)
+    _formats(out, pointer, context, draft)
+    if draft is not None:  # known semantics: the combinators can be read
+        _dependencies(out, pointer, context)
+        _not(out, pointer, context)
+        _one_of(out, pointer, context)
+    return out
+
+
+def _children(node: dict[str, Any], pointer: str, context: _Context) -> dict[str, Any]:
+    for key in SUBSCHEMA_MAPS:
+        children = node.get(key)
+        if isinstance(children, dict):
+            node[key] = {
+                name: _lower(child, pointer + json_pointer((key, name)), context)
+                for name, child in children.items()
+            }
+    for key in (*SUBSCHEMA_LISTS, "items"):
+        children = node.get(key)
+        if isinstance(children, list):
+            node[key] = [
+                _lower(child, pointer + json_pointer((key, index)), context)
+                for index, child in enumerate(children)
+            ]
+    for key in SUBSCHEMA_SINGLE:
+        if isinstance(node.get(key), dict):
+            node[key] = _lower(node[key], pointer + json_pointer((key,)), context)
+    return node
+
+
+def _add_all_of(node: dict[str, Any], schema: Any) -> None:
+    node["allOf"] = [*node.get("allOf", []), schema]
+
+
+def _unknown_keywords(node: dict[str, Any], pointer: str, context: _Context, draft: str) -> None:
+    """Keywords of other drafts than the schema's: its validator ignores them."""
+    unknown = [k for k in node if k in VOCABULARY and k not in drafts.known_keywords(draft)]
+    for keyword in unknown:
+        del node[keyword]
+    if unknown:
+        context.note(pointer, "draft", f"dropped {', '.join(unknown)} ({draft} does not know them)")
+
+
+def _integer_counts(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    for keyword in COUNT_KEYWORDS:
+        value = node.get(keyword)
+        if isinstance(value, float) and value.is_integer() and value >= 0:
+            node[keyword] = int(value)
+            context.note(pointer, "count", f"{keyword}: {value!r} -> {int(value)}")
+
+
+def _formats(node: dict[str, Any], pointer: str, context: _Context, draft: str | None) -> None:
+    name = node.get("format")
+    if draft is None or not isinstance(name, str):
+        return
+    if name not in formats.DEFINED_FORMATS[draft]:
+        del node["format"]
+        context.note(pointer, "format", f"dropped format {name!r}: the draft does not define it")
+        return
+    pattern = formats.PATTERNS.get(name)
+    if pattern is None or "pattern" in node:
+        return
+    del node["format"]
+    node["pattern"] = pattern
+    length = formats.EXACT_LENGTH.get(name)
+    if length is not None:
+        node["maxLength"] = min(length, node.get("maxLength", length))
+    context.note(pointer, "format", f"format {name!r} -> its exact pattern")
+
+
+def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    for keyword in ("dependentRequired", "dependentSchemas"):
+        entries = node.get(keyword)
+        if not isinstance(entries, dict):
+            continue
+        del node[keyword]
+        for name, then in entries.items():
+            _add_all_of(node, combinators.dependency_branches(name, then))
+        context.note(pointer, "dependencies", f"{keyword} -> anyOf per property")
+
+
+def _not(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    if "not" not in node:
+        return
+    positive = combinators.positive_not(node["not"], context.root, context.draft)
+    if positive is None:
+        return
+    del node["not"]
+    _add_all_of(node, positive)
+    context.note(pointer, "not", "not -> its positive form")
+
+
+def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not branches:
+        return
+    if combinators.pairwise_disjoint(branches, context.root, context.draft):
+        detail = "oneOf with disjoint branches -> anyOf"
+    else:
+        rewritten = combinators.exactly_one_required(branches)
+        if rewritten is None:
+            return
+        branches, detail = rewritten, "oneOf of required sets -> anyOf, each excluding the others"
+    del node["oneOf"]
+    if "anyOf" in node:
+        _add_all_of(node, {"anyOf": branches})
+    else:
+        node["anyOf"] = branches
+    context.note(pointer, "oneOf", detail)

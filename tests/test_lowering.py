@@ -1,0 +1,373 @@
+"""Schema lowering: every rewrite keeps jsonschema's verdict on every instance, and the
+backends enforce what it produces.
+
+The verdicts are jsonschema's, under each schema's own draft with formats checked: the
+original under the draft it names, the lowered schema under 2020-12.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import date
+from typing import Any
+
+import jsonschema
+import pytest
+from conftest import CORPUS, SCHEMAS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+
+import grammarmask as gm
+from grammarmask.lowering import lower_schema
+from grammarmask.resources import bundled_sample_dir
+from grammarmask.tools.conformance import byte_token_ids, feed, validates
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+CASES: dict[str, Any] = {
+    "integer-valued counts": {
+        "type": "object",
+        "properties": {"a": {"type": "array", "maxItems": 2.0, "minItems": 1.0}},
+        "maxProperties": 1.0,
+        "required": ["a"],
+    },
+    "string counts": {"type": "string", "minLength": 1.0, "maxLength": 3.0},
+    "date": {"type": "string", "format": "date"},
+    "date-time": {"type": "string", "format": "date-time"},
+    "time": {"type": "string", "format": "time"},
+    "date beside a length": {"type": "string", "format": "date", "maxLength": 12},
+    "a format no draft defines": {"type": "string", "format": "color", "maxLength": 4},
+    "draft-4 date (not a draft-4 format)": {"$schema": DRAFT4, "format": "date"},
+    "draft-4 exclusive bounds": {
+        "$schema": DRAFT4,
+        "type": "number",
+        "maximum": 3,
+        "exclusiveMaximum": True,
+        "minimum": 0,
+        "exclusiveMinimum": False,
+    },
+    "draft-4 const is unknown": {"$schema": DRAFT4, "const": 3},
+    "draft-7 tuple": {
+        "$schema": DRAFT7,
+        "type": "array",
+        "items": [{"type": "integer"}, {"type": "string"}],
+        "additionalItems": {"type": "boolean"},
+    },
+    "draft-7 closed tuple": {
+        "$schema": DRAFT7,
+        "items": [{"const": 1}],
+        "additionalItems": False,
+    },
+    "draft-7 additionalItems alone": {"$schema": DRAFT7, "additionalItems": False},
+    "draft-7 dependencies": {
+        "$schema": DRAFT7,
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "dependencies": {"a": ["b"], "b": {"properties": {"c": {"const": 1}}, "required": ["c"]}},
+    },
+    "draft-7 keywords beside $ref": {
+        "$schema": DRAFT7,
+        "definitions": {"n": {"type": "integer"}},
+        "properties": {"x": {"$ref": "#/definitions/n", "maximum": 3}},
+    },
+    "2020-12 dependentRequired": {
+        "dependentRequired": {"a": ["b", "c"]},
+        "properties": {"a": {"type": "integer"}},
+    },
+    "2020-12 ignores dependencies": {"dependencies": {"a": ["b"]}},
+    "not required": {"not": {"required": ["a", "b"]}},
+    "not type": {"not": {"type": ["string", "null"]}},
+    "not integer is kept": {"not": {"type": "integer"}},
+    "not anyOf required": {"not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+    "not not": {"not": {"not": {"type": "string"}}},
+    "not nothing": {"type": "object", "not": {}},
+    "oneOf of types": {"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]},
+    "oneOf integer and number is kept": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+    "oneOf of consts": {"oneOf": [{"const": 1}, {"const": 1.5}, {"enum": ["a", 2]}]},
+    "oneOf of equal consts is kept": {"oneOf": [{"const": 1}, {"const": 1.0}]},
+    "oneOf on a discriminator": {
+        "$defs": {
+            "cat": {
+                "type": "object",
+                "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+                "required": ["kind"],
+            },
+        },
+        "oneOf": [
+            {"$ref": "#/$defs/cat"},
+            {
+                "type": "object",
+                "properties": {"kind": {"enum": ["dog", "wolf"]}},
+                "required": ["kind"],
+            },
+        ],
+    },
+    "oneOf without the object type is kept": {
+        "oneOf": [
+            {"properties": {"k": {"const": 1}}, "required": ["k"]},
+            {"properties": {"k": {"const": 2}}, "required": ["k"]},
+        ]
+    },
+    "oneOf of required sets": {
+        "oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["c", "a"]}],
+    },
+    "not through $ref": {
+        "$defs": {"r": {"required": ["a"]}, "s": {"type": "string"}},
+        "not": {"anyOf": [{"$ref": "#/$defs/r"}, {"$ref": "#/$defs/s"}]},
+    },
+    "not not through $ref is kept": {
+        "$defs": {"n": {"not": {"type": "string"}}},
+        "not": {"$ref": "#/$defs/n"},
+    },
+    "a $ref into a rewritten oneOf keeps it in place": {
+        "oneOf": [{"type": "string", "format": "date"}, {"type": "integer"}],
+        "properties": {"x": {"$ref": "#/oneOf/0"}},
+    },
+    "not enum": {"not": {"enum": ["a", "ab", "", 1, 2.5, None, True]}},
+    "not const string": {"type": "string", "not": {"const": "x"}},
+    "not const with a newline is kept": {"not": {"const": "a\n"}},
+    "oneOf of required sets, one inside another": {
+        "oneOf": [{"required": ["a"]}, {"required": ["a", "b"]}, {"required": ["c"]}],
+    },
+    "draft-4 oneOf on consts is kept": {
+        "$schema": DRAFT4,
+        "oneOf": [{"const": 1}, {"const": 2}],
+    },
+}
+"""One schema per rewrite (and per shape a rewrite must leave alone)."""
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from([1.0, 2.5, -0.5]),
+    st.sampled_from(["a", "ab", "abc", "b", "c", "", "x", "a\n", "2024-02-29", "12:00:00Z", "x\n"]),
+)
+ANY_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["a", "b", "c", "kind", "lives", "x"]), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+"""Instances near the cases' keywords: their property names, small numbers, dates."""
+
+
+def _agree(schema: Any, instance: Any) -> None:
+    lowered = lower_schema(schema)
+    assert validates(schema, instance) == validates(lowered.schema, instance), (
+        f"lowering changed the verdict on {instance!r}: {json.dumps(lowered.schema)}"
+    )
+
+
+def _instances(schema: Any) -> st.SearchStrategy[Any]:
+    """Instances of the schema and of its lowered form, and arbitrary nearby JSON."""
+    strategies = [ANY_JSON]
+    for source in (schema, lower_schema(schema).schema):
+        try:  # a copy: hypothesis-jsonschema resolves references in place
+            strategies.append(from_schema(copy.deepcopy(source)))
+        except Exception:  # a shape hypothesis-jsonschema cannot generate from
+            continue
+    return st.one_of(strategies)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_each_rewrite_keeps_every_verdict(name: str, data: st.DataObject) -> None:
+    schema = CASES[name]
+    _agree(schema, data.draw(_instances(schema)))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_case_is_a_valid_schema_both_ways(name: str) -> None:
+    """The lowered schema is valid 2020-12 (or the user's draft, when not converted)."""
+    lowered = lower_schema(CASES[name]).schema
+    cls = jsonschema.validators.validator_for(lowered, default=jsonschema.Draft202012Validator)
+    cls.check_schema(lowered)
+
+
+def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
+    rules = {
+        name: {r.rule for r in lower_schema(schema).rewrites} for name, schema in CASES.items()
+    }
+    assert rules["integer-valued counts"] == {"count"}
+    assert rules["date"] == rules["time"] == rules["date-time"] == {"format"}
+    assert set(lower_schema(CASES["date"]).schema) == {"type", "pattern", "maxLength"}
+    assert "format" not in lower_schema(CASES["a format no draft defines"]).schema
+    for kept in (
+        "not integer is kept",
+        "oneOf integer and number is kept",
+        "oneOf of equal consts is kept",
+    ):
+        assert rules[kept] == set(), kept
+    assert "oneOf" in lower_schema(CASES["oneOf without the object type is kept"]).schema
+    assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
+    for converted in ("oneOf of types", "oneOf of consts", "oneOf on a discriminator"):
+        assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
+    assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")
+    in_place = lower_schema(CASES["a $ref into a rewritten oneOf keeps it in place"])
+    assert "oneOf" in in_place.schema and {r.rule for r in in_place.rewrites} == {"format"}
+    assert "not" in lower_schema(CASES["not not through $ref is kept"]).schema
+    assert "not" not in lower_schema(CASES["not through $ref"]).schema
+    assert "oneOf" not in lower_schema(CASES["oneOf of required sets"]).schema
+    assert "not" not in lower_schema(CASES["not enum"]).schema
+    assert "not" in lower_schema(CASES["not const with a newline is kept"]).schema
+
+
+def test_a_lowered_schema_is_left_unchanged_by_lowering_again() -> None:
+    """Lowering is one pass, and complete where no `$ref` is involved (through one, a
+    second pass may read a lowered target that the first read unlowered)."""
+    for name, schema in CASES.items():
+        if "$ref" in json.dumps(schema):
+            continue
+        once = lower_schema(schema).schema
+        assert lower_schema(once).schema == once, name
+
+
+_DATE_LIKE = st.builds(
+    "{}-{}-{}".format,
+    st.sampled_from(["0000", "0001", "1900", "2000", "2023", "2024", "2100", "2400", "9999"]),
+    st.sampled_from(["00", "01", "02", "04", "09", "10", "12", "13"]),
+    st.sampled_from(["00", "01", "28", "29", "30", "31", "32"]),
+)
+_TIME_LIKE = st.builds(
+    "{}:{}:{}{}{}".format,
+    st.sampled_from(["00", "09", "23", "24"]),
+    st.sampled_from(["00", "59", "60"]),
+    st.sampled_from(["00", "59", "60"]),
+    st.sampled_from(["", ".5", ".123456", ",5", "."]),
+    st.sampled_from(["Z", "z", "+00:00", "-23:59", "+24:00", "+05:60", "", "+0500"]),
+)
+_NOISE = st.sampled_from(["", "\n", " ", "x", "\n\n"])
+
+
+@given(
+    day=_DATE_LIKE,
+    at=_TIME_LIKE,
+    separator=st.sampled_from(["T", "t", " ", "_"]),
+    before=_NOISE,
+    after=_NOISE,
+)
+def test_date_and_time_patterns_are_the_format_checkers(
+    day: str, at: str, separator: str, before: str, after: str
+) -> None:
+    """Leap years, month lengths, year 0, offsets, fractions, case and a final newline
+    (which Python's `$` lets through for the date-time formats, not for `date`)."""
+    for name, text in (
+        ("date", before + day + after),
+        ("date-time", before + day + separator + at + after),
+        ("time", before + at + after),
+    ):
+        _agree({"type": "string", "format": name}, text)
+
+
+def test_the_date_pattern_knows_every_day_of_400_years() -> None:
+    lowered = lower_schema({"format": "date"}).schema
+    checker = jsonschema.Draft202012Validator(lowered)
+    for year in (1, 4, 100, 400, 1900, 1999, 2000, 2024, 2100, 9999):
+        for month in range(1, 13):
+            for day in range(1, 33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    date(year, month, day)
+                    real = True
+                except ValueError:
+                    real = False
+                assert checker.is_valid(text) == real, text
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_backends_enforce_the_date_pattern_fully(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler, backend: str
+) -> None:
+    """With the exact pattern, both backends serve the date formats fully (auto no longer
+    refuses them), and the masks accept February 29 only in leap years."""
+    if backend not in gm.installed_backends():
+        pytest.fail(f"{backend} is not installed: pip install 'grammarmask[dev]'")
+    grammar = gm.Grammar.json_schema({"type": "string", "format": "date"})
+    compiler = deepseek_compiler
+    compiled = compiler.compile(grammar, backend)
+    assert compiled.unenforced == ()
+    assert compiler.compile(
+        gm.Grammar.json_schema({"type": "string", "format": "date-time"}), "auto"
+    ).fully_enforced
+    table = byte_token_ids(deepseek)
+    matcher = compiled.matcher()
+    for text, valid in [
+        ('"2024-02-29"', True),
+        ('"2023-02-29"', False),
+        ('"2000-02-29"', True),
+        ('"1900-02-29"', False),
+        ('"2023-04-31"', False),
+        ('"0000-01-01"', False),
+    ]:
+        assert feed(matcher, [table[b] for b in text.encode()])[0] == valid, text
+
+
+def _sample_files() -> list[Any]:
+    return sorted(bundled_sample_dir().glob("*.json")) + sorted(SCHEMAS.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _sample_files(), ids=lambda p: p.stem)
+def test_bundled_schemas_keep_every_verdict(path: Any) -> None:
+    document = json.loads(path.read_text(encoding="utf-8"))
+    schema = document.get("schema", document)
+    instances = [t["data"] for t in document.get("tests", [])]
+    instances += document.get("examples", []) if isinstance(document, dict) else []
+    for instance in instances:
+        _agree(schema, instance)
+
+
+@pytest.mark.corpus
+def test_every_corpus_instance_keeps_its_verdict() -> None:
+    """Every instance of every MaskBench schema: a rewrite that changes one is a bug."""
+    changed = []
+    for path in sorted(CORPUS.glob("*.json")):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        schema = document.get("schema", document)
+        try:
+            gm.Grammar.json_schema(schema)
+        except gm.GrammarError:
+            continue
+        lowered = lower_schema(schema).schema
+        for test in document.get("tests", []):
+            if validates(schema, test["data"]) != validates(lowered, test["data"]):
+                changed.append(f"{path.stem}: {json.dumps(test['data'])[:80]}")
+    assert changed == []
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_backends_enforce_lowered_combinators(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler, backend: str
+) -> None:
+    """`not` an enum (a string pattern from a trie) and a count with a decimal point, as
+    the backends compile them: the listed strings and the longer arrays are refused."""
+    table = byte_token_ids(deepseek)
+    schemas = {
+        "not enum": (
+            {"type": "string", "not": {"enum": ["ab", "a"]}},
+            [('"abc"', True), ('"b"', True), ('""', True), ('"ab"', False), ('"a"', False)],
+        ),
+        "maxItems 2.0": (
+            {"type": "array", "items": {"type": "integer"}, "maxItems": 2.0},
+            [("[1,2]", True), ("[1,2,3]", False)],
+        ),
+    }
+    for name, (schema, probes) in schemas.items():
+        try:
+            compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), backend)
+        except gm.UnsupportedGrammarError:
+            assert backend == "xgrammar" and name == "not enum"  # no anyOf of types there
+            continue
+        matcher = compiled.matcher()
+        for text, valid in probes:
+            accepted = feed(matcher, [table[b] for b in text.encode()])[0]
+            if compiled.unenforced:  # declared loose: only the valid ones are owed
+                assert accepted or not valid, (name, text)
+            else:
+                assert accepted == valid, (name, backend, text)
