@@ -68,6 +68,18 @@ CASES: dict[str, Any] = {
         "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
         "dependencies": {"a": ["b"], "b": {"properties": {"c": {"const": 1}}, "required": ["c"]}},
     },
+    "draft-7 if/then/else": {
+        "$schema": DRAFT7,
+        "if": {"type": "integer"},
+        "then": {"minimum": 2},
+        "else": {"type": "string"},
+    },
+    "draft-4 integer is kept in draft 4": {
+        "$schema": DRAFT4,
+        "type": "integer",
+        "maxItems": 1.0,
+        "format": "date",
+    },
     "draft-7 keywords beside $ref": {
         "$schema": DRAFT7,
         "definitions": {"n": {"type": "integer"}},
@@ -181,6 +193,21 @@ def _instances(schema: Any) -> st.SearchStrategy[Any]:
 def test_each_rewrite_keeps_every_verdict(name: str, data: st.DataObject) -> None:
     schema = CASES[name]
     _agree(schema, data.draw(_instances(schema)))
+
+
+PROBES: list[Any] = [
+    None, True, False, 0, 1, 1.0, 1.5, 2, 2.5, 3, 3.0, 4, -1, "", "a", "ab", "abc", "b", "x",
+    "a\n", "2024-02-29", "2023-02-29", "12:00:00Z", "2024-02-29T12:00:00Z", [], [1], [1, "a"],
+    [1, "a", True], [1, "a", 2], {}, {"a": 1}, {"b": "x"}, {"a": 1, "b": "x"},
+    {"a": 1, "b": "x", "c": 1}, {"c": 1}, {"kind": "cat"}, {"kind": "dog"}, {"x": 5},
+]  # fmt: skip
+"""Values at the cases' edges (bounds, equal numbers, listed strings, present properties)."""
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_rewrite_keeps_the_verdict_on_every_probe(name: str) -> None:
+    for instance in PROBES:
+        _agree(CASES[name], instance)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -73,11 +73,11 @@ def lower_schema(schema: Any) -> LoweredSchema:
     or drop a subschema that a `$ref` points to, only the rewrites that move nothing run
     (integer counts, formats)."""
     draft = drafts.draft_of(schema)
-    if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema):
-        draft = None  # refs into subschemas the conversion moves: left in its own draft
     context = _Context(schema, draft)
+    if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema, draft):
+        context = _Context(schema, None, in_place=True)  # left in its own draft
     lowered = _lower(schema, "", context, root=True)
-    if not _refs_resolve(lowered):
+    if not context.in_place and not _refs_resolve(lowered):
         context = _Context(schema, None, in_place=True)
         lowered = _lower(schema, "", context, root=True)
     return LoweredSchema(lowered, tuple(context.rewrites))

@@ -8,6 +8,7 @@ into the 2020-12 schema that accepts exactly the same instances, and declares 20
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -28,10 +29,24 @@ _KEPT_BESIDE_REF = frozenset({"definitions", "$defs"})
 """Up to draft 7 every keyword beside `$ref` is ignored; these stay as targets of refs."""
 
 
+_COMPANIONS = {
+    "if": ("then", "else"),
+    "maximum": ("exclusiveMaximum",),  # draft 4: a flag read by maximum
+    "minimum": ("exclusiveMinimum",),
+}
+"""Keywords that no validator function of their own reads, but the one they belong to."""
+
+
 def known_keywords(draft: str) -> frozenset[str]:
     """The keywords a validator of `draft` applies; it ignores every other."""
     cls = next(cls for cls, name in _DRAFTS.items() if name == draft)
-    return frozenset(cls.VALIDATORS)
+    known = set(cls.VALIDATORS)
+    for keyword, companions in _COMPANIONS.items():
+        if keyword in known:
+            known.update(companions)
+    if getattr(cls.VALIDATORS.get("contains"), "__name__", "") == "contains":
+        known.update(("minContains", "maxContains"))  # read by contains from 2019-09 on
+    return frozenset(known)
 
 
 def draft_of(schema: Any) -> str | None:
@@ -42,10 +57,13 @@ def draft_of(schema: Any) -> str | None:
     return _DRAFTS.get(cls)
 
 
-def convertible(schema: Any) -> bool:
-    """Whether every `$ref` survives the conversion: none points into `items`,
-    `additionalItems` or `dependencies` (their subschemas move), and no subschema sets a
-    base URI of its own (`id` other than a fragment)."""
+def convertible(schema: Any, draft: str) -> bool:
+    """Whether the 2020-12 form can accept exactly the same: every `$ref` survives (none
+    points into `items`, `additionalItems` or `dependencies`, whose subschemas move, and no
+    subschema sets a base URI of its own), and, for draft 4, no `type` names "integer"
+    (draft 4 refuses 1.0 as an integer, 2020-12 cannot tell 1.0 from 1)."""
+    if draft == "draft4" and '"integer"' in json.dumps(schema):
+        return False
     stack = [schema]
     while stack:
         node = stack.pop()

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..errors import (
     UnsupportedGrammarError,
 )
 from ..grammars import Grammar
+from ..lowering import lower_schema
 from .conformance import Record, byte_token_ids, feed, judge_invalid_accepted, serialize, validates
 from .known_vocabs import KNOWN_VOCABULARIES, load_encoder, load_vocabulary
 
@@ -63,8 +65,19 @@ class Checker:
         path = Path(request["path"])
         backend = request["backend"]
         record: Record = {"schema": path.name, "backend": backend}
-        entry = json.loads(path.read_text(encoding="utf-8"))
-        schema = entry["schema"]
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+            schema = entry["schema"]
+            tests = list(entry.get("tests", []))
+        except (
+            OSError,
+            UnicodeDecodeError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as exc:
+            return {**record, "status": "unreadable", "detail": f"{type(exc).__name__}: {exc}"}
         try:
             grammar = Grammar.json_schema(
                 schema, whitespace=request["whitespace"], strict=request["strict"]
@@ -72,9 +85,16 @@ class Checker:
         except (InvalidSchemaError, InvalidJSONError) as exc:
             return {**record, "status": "invalid_schema", "detail": str(exc)}
         self._warm_up(backend, grammar)
+        started = time.perf_counter()
+        lowering = lower_schema(grammar.schema)  # timed here; the backends reuse lowered()
+        lower_s = time.perf_counter() - started
+        rewrites = sorted({r.rule for r in lowering.rewrites})
+        record.update(rewrites=rewrites, lower_s=round(lower_s, 6))
         emit({"event": "compiling"})
         try:
-            compiled = self.compiler.compile(grammar, backend)
+            compiled = self.compiler.compile(
+                grammar, backend, allow_unenforced=request.get("allow_unenforced", False)
+            )
         except (UnsupportedGrammarError, NotFullyEnforcedError) as exc:
             return {**record, "status": "unsupported", "detail": str(exc)}
         except GrammarError as exc:
@@ -83,7 +103,7 @@ class Checker:
         matcher = compiled.matcher()
         counts: Counter[str] = Counter()
         findings: list[dict[str, Any]] = []
-        for index, test in enumerate(entry.get("tests", [])):
+        for index, test in enumerate(tests):
             text, determined = serialize(schema, test["data"], request["whitespace"])
             encoded = text.encode("utf-8")
             if all(b in self.byte_ids for b in encoded):

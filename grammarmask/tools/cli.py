@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from ..backends import AUTO, AUTO_ORDER, installed_backends
 from ..compiler import GrammarCompiler
 from ..errors import GrammarError, GrammarMaskError, NotFullyEnforcedError
 from ..grammars import Grammar
+from ..lowering import lowered
 from ..resources import bundled_schema_path, schemas_dir
 from ..vocabulary import Vocabulary
 from .known_vocabs import KNOWN_VOCABULARIES, load_vocabulary
@@ -57,6 +59,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"schema     {path}")
+    lowering = lowered(grammar)
+    print(f"lowering   {len(lowering.rewrites)} rewrite(s)" + (":" if lowering.rewrites else ""))
+    for rewrite in lowering.rewrites:
+        print(f"  {rewrite}")
+    if lowering.rewrites and args.show_lowered:
+        print(json.dumps(lowering.schema, indent=2))
     loaded = time.perf_counter() - started
     print(f"vocabulary {args.tokenizer_json or args.vocab}: {vocab} (loaded in {loaded:.1f} s)")
     backends = args.backend or [*installed_backends(), AUTO]
@@ -135,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict", action="store_true", help="objects without additionalProperties are closed"
     )
     check.add_argument("--timeout", type=float, default=120.0, help="compile timeout in seconds")
+    check.add_argument(
+        "--show-lowered",
+        action="store_true",
+        help="print the lowered schema the backends compile (after its list of rewrites)",
+    )
     check.set_defaults(run=cmd_check)
 
     demo = commands.add_parser(
@@ -247,6 +260,11 @@ def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.Argume
     conformance.add_argument("--vocab", choices=sorted(KNOWN_VOCABULARIES), default="deepseek")
     conformance.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
     conformance.add_argument("--strict", action="store_true", help="close objects by default")
+    conformance.add_argument(
+        "--allow-unenforced",
+        action="store_true",
+        help="with auto: serve what no backend enforces fully (every looseness is declared)",
+    )
     conformance.add_argument("--timeout", type=float, default=30.0, help="compile limit (s)")
     conformance.add_argument(
         "--check-timeout", type=float, default=120.0, help="limit for checking the tests (s)"
@@ -292,6 +310,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         vocab=args.vocab,
         whitespace=args.whitespace,
         strict=args.strict,
+        allow_unenforced=args.allow_unenforced,
         compile_timeout_s=args.timeout,
         check_timeout_s=args.check_timeout,
     )
@@ -325,6 +344,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             out.close()
     totals = cf.summarize([*previous, *records])
     print(cf.summary_table(totals))
+    print(cf.lowering_line([*previous, *records]))
     bad = sum(t["crash"] + t["invalid_accepted_defect"] for t in totals.values())
     return 1 if bad else 0
 
