@@ -187,13 +187,14 @@ def _has_optional_group_ending_in_repetition(pattern: str) -> bool:
 
 
 def beside_any_of(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
-    """xgrammar 0.2.9 and outlines-core 0.2.14 serve a schema object with `anyOf` or
-    `oneOf` as its branches alone: the keywords beside them (type, properties, required,
+    """xgrammar 0.2.9 and outlines-core 0.2.14 serve a schema object with `anyOf`, `oneOf`
+    or `allOf` as its branches alone: the keywords beside them (type, properties, required,
     additionalProperties, bounds, ...) go unchecked at any position (measured)."""
-    if isinstance(node.get("anyOf"), list) or isinstance(node.get("oneOf"), list):
+    combinators = [k for k in ("anyOf", "oneOf", "allOf") if isinstance(node.get(k), list)]
+    if combinators:
         for keyword in node:
-            if keyword in VOCABULARY and keyword not in ("anyOf", "oneOf"):
-                yield Unenforced(pointer, keyword, "ignored beside anyOf/oneOf")
+            if keyword in VOCABULARY and keyword not in combinators:
+                yield Unenforced(pointer, keyword, f"ignored beside {'/'.join(combinators)}")
 
 
 _COMMON = frozenset(

@@ -19,6 +19,7 @@ PINNED_SUITES=(
     tests/test_backends.py tests/test_enforcement.py tests/test_auto.py
     tests/test_compiler.py tests/test_conformance.py tests/test_fuzz.py
     tests/test_grammars.py tests/test_bad_inputs.py tests/test_transformers.py
+    tests/test_lowering.py
 )
 
 "$VENV/bin/python" -m pytest "$@"

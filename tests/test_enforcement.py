@@ -201,6 +201,17 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         {LL},
     ),
     (
+        "properties-beside-allOf",
+        S(
+            type="object",
+            properties=S(t=S(type="number", maximum=1)),
+            allOf=[S(type="object"), S(minProperties=0)],
+        ),
+        {"t": 0.5},
+        {"t": 1.5},
+        {LL},
+    ),
+    (
         "additionalProperties-beside-anyOf",
         S(
             type="object",

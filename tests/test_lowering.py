@@ -144,6 +144,22 @@ CASES: dict[str, Any] = {
     "oneOf of required sets, one inside another": {
         "oneOf": [{"required": ["a"]}, {"required": ["a", "b"]}, {"required": ["c"]}],
     },
+    "if/then/else on a discriminator": {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}, "x": {}},
+        "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+        "then": {"required": ["x"]},
+        "else": {"properties": {"x": {"type": "integer"}}},
+    },
+    "if without else": {"if": {"type": "integer"}, "then": {"minimum": 2}},
+    "if that has no positive not is kept": {"if": {"multipleOf": 2}, "then": {"minimum": 2}},
+    "not of properties": {"not": {"properties": {"a": {"type": "string"}, "b": False}}},
+    "not of several keywords": {"not": {"type": "object", "required": ["a"]}},
+    "dependency of a required property": {
+        "type": "object",
+        "required": ["a"],
+        "dependentRequired": {"a": ["b"], "c": ["a"]},
+    },
     "draft-4 oneOf on consts is kept": {
         "$schema": DRAFT4,
         "oneOf": [{"const": 1}, {"const": 2}],
@@ -244,6 +260,8 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     assert "oneOf" not in lower_schema(CASES["oneOf of required sets"]).schema
     assert "not" not in lower_schema(CASES["not enum"]).schema
     assert "not" in lower_schema(CASES["not const with a newline is kept"]).schema
+    assert "if" not in lower_schema(CASES["if/then/else on a discriminator"]).schema
+    assert "if" in lower_schema(CASES["if that has no positive not is kept"]).schema
 
 
 def test_a_lowered_schema_is_left_unchanged_by_lowering_again() -> None:

@@ -132,6 +132,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
     if draft is not None:  # known semantics: the combinators can be read
         _dependencies(out, pointer, context)
         _not(out, pointer, context)
+        _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
     return out
 
@@ -203,8 +204,11 @@ def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None
         if not isinstance(entries, dict):
             continue
         del node[keyword]
+        required = node.get("required")
+        always = set(required) if isinstance(required, list) else set()
         for name, then in entries.items():
-            _add_all_of(node, combinators.dependency_branches(name, then))
+            rewritten = combinators.dependency_branches(name, then, present=name in always)
+            _add_all_of(node, rewritten)
         context.note(pointer, "dependencies", f"{keyword} -> anyOf per property")
 
 
@@ -217,6 +221,21 @@ def _not(node: dict[str, Any], pointer: str, context: _Context) -> None:
     del node["not"]
     _add_all_of(node, positive)
     context.note(pointer, "not", "not -> its positive form")
+
+
+def _if_then_else(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """`if`/`then`/`else` as `anyOf: [{allOf: [if, then]}, {allOf: [not if, else]}]`, where
+    `not if` has a positive form."""
+    if "if" not in node:
+        return
+    condition = node["if"]
+    inverse = combinators.positive_not(condition, context.root, context.draft)
+    if inverse is None:
+        return
+    then, otherwise = node.pop("then", True), node.pop("else", True)
+    del node["if"]
+    _add_all_of(node, {"anyOf": [{"allOf": [condition, then]}, {"allOf": [inverse, otherwise]}]})
+    context.note(pointer, "if", "if/then/else -> anyOf of both cases")
 
 
 def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:

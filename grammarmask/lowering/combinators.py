@@ -27,6 +27,11 @@ _TYPE_ATOMS = {
     "number": {"integer", "fraction"},
 }
 _REF_DEPTH = 8
+_INDEPENDENT = frozenset(
+    {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf"}
+)
+"""Keywords whose meaning does not depend on their neighbours: a schema of several of them
+is the allOf of each alone."""
 
 
 def _atom(value: Any) -> str:
@@ -151,17 +156,18 @@ def pairwise_disjoint(branches: Sequence[Any], root: Any, draft: str | None) -> 
     )
 
 
-def dependency_branches(name: str, then: Any) -> dict[str, Any]:
+def dependency_branches(name: str, then: Any, *, present: bool = False) -> dict[str, Any]:
     """`anyOf` branches meaning "if `name` is present, `then` holds" for an object (either
     the property is absent, or it is present and `then` holds; a value that is no object
     passes both, as the dependency keywords let it): `then` is a list of required names
-    or a schema."""
-    present: dict[str, Any] = {"required": [name]}
+    or a schema. `present`: the object always has `name` (its schema requires it), so the
+    first branch is left out (llguidance refuses a branch no value can satisfy)."""
+    holds: dict[str, Any] = {"required": [name]}
     if isinstance(then, list):
-        present = {"required": list(dict.fromkeys([name, *then]))}
+        holds = {"required": list(dict.fromkeys([name, *then]))}
     elif then is not True:
-        present = {"required": [name], "allOf": [then]}
-    return {"anyOf": [{"properties": {name: False}}, present]}
+        holds = {"required": [name], "allOf": [then]}
+    return holds if present else {"anyOf": [{"properties": {name: False}}, holds]}
 
 
 def _none_of(values: Sequence[Any]) -> dict[str, Any] | bool | None:
@@ -312,6 +318,21 @@ def positive_not(
         # an object lacking at least one of them (anything else satisfies `required`)
         absent = [{"properties": {n: False}} for n in dict.fromkeys(names)]
         return {"type": "object", **({"anyOf": absent} if len(absent) > 1 else absent[0])}
+    if len(negated) > 1 and set(negated) <= _INDEPENDENT:  # not (A and B) = not A or not B
+        parts = [
+            positive_not({key: value}, root, draft, depth + 1, lowered=lowered)
+            for key, value in negated.items()
+        ]
+        return None if any(p is None for p in parts) else {"anyOf": parts}
+    if set(negated) == {"properties"} and isinstance(negated["properties"], dict):
+        branches = []
+        for name, schema in negated["properties"].items():
+            inverse = positive_not(schema, root, draft, depth + 1, lowered=lowered)
+            if inverse is None:
+                return None
+            if inverse is not False:  # present and breaking its schema
+                branches.append({"required": [name], "properties": {name: inverse}})
+        return {"type": "object", "anyOf": branches} if branches else False
     if set(negated) in ({"enum"}, {"const"}):
         values = negated["enum"] if "enum" in negated else [negated["const"]]
         return _none_of(values) if isinstance(values, list) and values else None

@@ -201,7 +201,19 @@ def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> Any:
         node = resolve_pointer(loose, item.pointer)
         if isinstance(node, dict):
             node.pop(item.keyword, None)
+            for dependent in _READ_BESIDE.get(item.keyword, ()):
+                node.pop(dependent, None)  # without it, they would refuse more, not less
     return loose
+
+
+_READ_BESIDE = {
+    "properties": ("additionalProperties", "unevaluatedProperties"),
+    "patternProperties": ("additionalProperties", "unevaluatedProperties"),
+    "prefixItems": ("items", "unevaluatedItems"),
+    "items": ("additionalItems", "unevaluatedItems"),
+}
+"""Keywords whose meaning depends on another: the properties (items) the other covers are
+exempt from them, so dropping the other alone would tighten them."""
 
 
 def validates(schema: Any, instance: Any) -> bool:
