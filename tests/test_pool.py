@@ -22,6 +22,7 @@ import grammarmask.pool
 from grammarmask.backends import xgrammar_backend
 from grammarmask.backends.xgrammar_backend import XGrammarMatcher
 from grammarmask.errors import BatchError
+from grammarmask.pool import step_fill
 from grammarmask.pool.plan import StepPlan, _entries_one_by_one
 from grammarmask.pool.requests import RequestTable
 from grammarmask.pool.thread_host import ThreadMode
@@ -402,10 +403,11 @@ def test_one_row_requests_share_batch_calls_on_two_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On two fill threads, requests without drafts are claimed a few at a time (24 on 2
-    threads: 6) and filled in one xgrammar batch call each, with the masks filled one by
-    one; not while the step has a deadline; a failed request among them keeps its stop-only
-    rows; a batch call that raises leaves its requests to be filled one by one. A worker
-    process with two fill threads gives the same masks."""
+    threads: 24 / (2 x _CLAIMS_PER_THREAD), at most _CHUNK_MAX) and filled in one xgrammar
+    batch call each, with the masks filled one by one; not while the step has a deadline; a
+    failed request among them keeps its stop-only rows; a batch call that raises leaves its
+    requests to be filled one by one. A worker process with two fill threads gives the same
+    masks."""
     grammar, ids = cases["invoice"]
     calls: list[int] = []
     real_fill_many = XGrammarMatcher.fill_many.__func__  # type: ignore[attr-defined]
@@ -423,7 +425,9 @@ def test_one_row_requests_share_batch_calls_on_two_threads(
         _staggered(pool, grammar, ids, 24, drafts=0)
         monkeypatch.setattr(pool.host.mode, "alone", lambda requests: False)
         assert torch.equal(pool.fill(batch).bitmask, expected)
-        assert sum(calls) == 24 and max(calls) == 6
+        chunk = min(step_fill._CHUNK_MAX, 24 // (2 * step_fill._CLAIMS_PER_THREAD))
+        assert sum(calls) == 24, f"batch calls filled {sum(calls)} of the 24 one-row requests"
+        assert max(calls) == chunk, f"claims of {max(calls)} requests, not {chunk}"
         calls.clear()
         assert torch.equal(pool.fill_async(batch).wait().bitmask, expected) and calls
         calls.clear()
