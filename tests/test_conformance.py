@@ -92,10 +92,11 @@ def test_cli_runs_the_bundled_sample_and_resumes(
     assert totals["valid_accepted"] + explained == totals["valid"] > 0
     assert explained <= 1
     assert totals["invalid_rejected"] + totals["invalid_accepted_explained"] == totals["invalid"]
-    table = capsys.readouterr().out
-    header, _, row = table.splitlines()[-3:]
+    lines = capsys.readouterr().out.splitlines()
+    header, _, row, lowering = lines[-4:]
     assert header.split()[:3] == ["backend", "schemas", "compiled"]
     assert row.split()[:3] == ["xgrammar", "9", "9"]
+    assert lowering.startswith("lowering: ") and "of the median compile" in lowering
 
 
 def test_cli_refuses_unknown_backends_and_missing_directories(tmp_path: Path) -> None:
