@@ -164,7 +164,7 @@ def optional_group_ending_in_repetition(node: dict[str, Any], pointer: str) -> I
 
 
 def _has_optional_group_ending_in_repetition(pattern: str) -> bool:
-    opened: list[int] = []
+    depth = 0
     escaped = in_class = False
     for index, char in enumerate(pattern):
         if escaped:
@@ -176,9 +176,9 @@ def _has_optional_group_ending_in_repetition(pattern: str) -> bool:
         elif char == "[":
             in_class = True
         elif char == "(":
-            opened.append(index)
-        elif char == ")" and opened:
-            opened.pop()
+            depth += 1
+        elif char == ")" and depth:
+            depth -= 1
             last = pattern[index - 1] if index else ""
             follows = pattern[index + 1 : index + 2]
             if follows == "?" and last in "+*?}" and pattern[index - 2 : index - 1] != "\\":

@@ -32,11 +32,11 @@ PATTERNS = {"date": f"^{DATE}$", "time": f"^{TIME}$", "date-time": f"^{DATE_TIME
 """Anchored: a JSON Schema pattern matches anywhere in the string."""
 
 EXACT_LENGTH = {"date": 10}
-FIXED_LENGTH_PATTERNS = {PATTERNS[name]: length for name, length in EXACT_LENGTH.items()}
-"""Patterns (under a backend's regex semantics) that only strings of one length match."""
 """A `date` is exactly 10 characters. Said beside its pattern because Python's `$` (which
 jsonschema uses) also matches before a final newline, which `date` refuses and the
 date-time formats accept."""
+FIXED_LENGTH_PATTERNS = {PATTERNS[name]: length for name, length in EXACT_LENGTH.items()}
+"""Patterns (under a backend's regex semantics) that only strings of one length match."""
 
 _DRAFT4 = frozenset({"date-time", "email", "hostname", "idn-email", "ipv4", "ipv6", "regex", "uri"})
 _DRAFT6 = _DRAFT4 | {"json-pointer", "uri-reference", "uri-template"}

@@ -62,6 +62,8 @@ class _Context:
     """The user's draft, when its keywords may be rewritten (None: they stay)."""
     in_place: bool = False
     """Only rewrites that move no subschema (a `$ref` may point into any)."""
+    format_draft: str | None = None
+    """The draft whose formats apply in place (the user's)."""
     rewrites: list[Rewrite] = field(default_factory=list)
 
     def note(self, pointer: str, rule: str, detail: str) -> None:
@@ -73,12 +75,13 @@ def lower_schema(schema: Any) -> LoweredSchema:
     or drop a subschema that a `$ref` points to, only the rewrites that move nothing run
     (integer counts, formats)."""
     draft = drafts.draft_of(schema)
+    in_place = _Context(schema, None, in_place=True, format_draft=draft)
     context = _Context(schema, draft)
     if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema, draft):
-        context = _Context(schema, None, in_place=True)  # left in its own draft
+        context = in_place  # left in its own draft
     lowered = _lower(schema, "", context, root=True)
     if not context.in_place and not _refs_resolve(lowered):
-        context = _Context(schema, None, in_place=True)
+        context = in_place
         lowered = _lower(schema, "", context, root=True)
     return LoweredSchema(lowered, tuple(context.rewrites))
 
@@ -117,7 +120,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
     if context.in_place:
         out = _children(dict(node), pointer, context)
         _integer_counts(out, pointer, context)
-        _formats(out, pointer, context, drafts.draft_of(context.root))
+        _formats(out, pointer, context, context.format_draft)
         return out
     out = dict(node)
     if draft is not None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..grammars import resolve_pointer
+from .drafts import OLD_DRAFTS
 
 _ATOMS = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 """The JSON values, by kind: numbers split into integers and the others, so that `integer`
@@ -60,7 +61,7 @@ class _Reading:
 
     def __init__(self, root: Any, draft: str | None) -> None:
         self.root = root
-        self.old = draft in ("draft4", "draft6", "draft7")
+        self.old = draft in OLD_DRAFTS
         """Keywords beside a `$ref` are ignored."""
         self.const = draft != "draft4"
         """`const` exists."""
@@ -209,7 +210,8 @@ def _none_of(values: Sequence[Any]) -> dict[str, Any] | bool | None:
 
 
 _ANY = "[\\s\\S]"
-"""Any character, newlines included (every regex dialect the backends read knows it)."""
+"""Any character, newlines included (llguidance reads it so; xgrammar 0.2.9 refuses a newline
+there, a completeness gap on a schema it does not serve fully anyway: allOf)."""
 
 
 def _complement(strings: Sequence[str]) -> str:
@@ -246,6 +248,13 @@ def _literal(char: str) -> str:
     return f"\\u{ord(char):04x}"
 
 
+def _lacking_one_of(names: Sequence[str]) -> dict[str, Any]:
+    """An object's constraint "at least one of `names` is absent" (values that are no object
+    satisfy it)."""
+    absent = [{"properties": {name: False}} for name in dict.fromkeys(names)]
+    return {"anyOf": absent} if len(absent) > 1 else absent[0]
+
+
 def exactly_one_required(branches: Sequence[Any]) -> list[Any] | None:
     """`anyOf` branches for a `oneOf` whose branches only require properties ("exactly one
     of these sets of properties is present"): each branch, with every other branch's set
@@ -265,13 +274,7 @@ def exactly_one_required(branches: Sequence[Any]) -> list[Any] | None:
     for index, names in enumerate(sets):
         if any(set(other) <= set(names) for j, other in enumerate(sets) if j != index):
             continue  # whenever it holds another holds too: never the only one
-        others = [
-            {"anyOf": [{"properties": {n: False}} for n in other]}
-            if len(other) > 1
-            else {"properties": {other[0]: False}}
-            for position, other in enumerate(sets)
-            if position != index
-        ]
+        others = [_lacking_one_of(other) for j, other in enumerate(sets) if j != index]
         rewritten.append({"type": "object", "required": names, "allOf": others})
     return rewritten
 
@@ -316,8 +319,7 @@ def positive_not(
         if len(names) != len(negated["required"]) or not names:
             return None
         # an object lacking at least one of them (anything else satisfies `required`)
-        absent = [{"properties": {n: False}} for n in dict.fromkeys(names)]
-        return {"type": "object", **({"anyOf": absent} if len(absent) > 1 else absent[0])}
+        return {"type": "object", **_lacking_one_of(names)}
     if len(negated) > 1 and set(negated) <= _INDEPENDENT:  # not (A and B) = not A or not B
         parts = [
             positive_not({key: value}, root, draft, depth + 1, lowered=lowered)

@@ -8,6 +8,7 @@ into the 2020-12 schema that accepts exactly the same instances, and declares 20
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -37,6 +38,7 @@ _COMPANIONS = {
 """Keywords that no validator function of their own reads, but the one they belong to."""
 
 
+@functools.cache
 def known_keywords(draft: str) -> frozenset[str]:
     """The keywords a validator of `draft` applies; it ignores every other."""
     cls = next(cls for cls, name in _DRAFTS.items() if name == draft)
