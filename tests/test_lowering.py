@@ -74,7 +74,7 @@ CASES: dict[str, Any] = {
         "then": {"minimum": 2},
         "else": {"type": "string"},
     },
-    "draft-4 integer is kept in draft 4": {
+    "draft-4 integer, read strictly": {
         "$schema": DRAFT4,
         "type": "integer",
         "maxItems": 1.0,
@@ -187,7 +187,8 @@ ANY_JSON = st.recursive(
 
 def _agree(schema: Any, instance: Any) -> None:
     lowered = lower_schema(schema)
-    assert validates(schema, instance) == validates(lowered.schema, instance), (
+    verdict = validates(lowered.schema, instance, strict_integers=lowered.strict_integers)
+    assert validates(schema, instance) == verdict, (
         f"lowering changed the verdict on {instance!r}: {json.dumps(lowered.schema)}"
     )
 
@@ -379,9 +380,12 @@ def test_every_corpus_instance_keeps_its_verdict() -> None:
             gm.Grammar.json_schema(schema)
         except gm.GrammarError:
             continue
-        lowered = lower_schema(schema).schema
+        lowered = lower_schema(schema)
+        strict = lowered.strict_integers
         for test in document.get("tests", []):
-            if validates(schema, test["data"]) != validates(lowered, test["data"]):
+            if validates(schema, test["data"]) != validates(
+                lowered.schema, test["data"], strict_integers=strict
+            ):
                 changed.append(f"{path.stem}: {json.dumps(test['data'])[:80]}")
     assert changed == []
 
@@ -416,3 +420,27 @@ def test_backends_enforce_lowered_combinators(
                 assert accepted or not valid, (name, text)
             else:
                 assert accepted == valid, (name, backend, text)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar", "outlines"])
+def test_backends_write_integers_without_a_fraction(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler, backend: str
+) -> None:
+    """What `strict_integers` rests on: each backend's "integer" refuses 1.0 and 1e0, so a
+    lowered draft-4 schema keeps draft 4's meaning there (a draft-4 tuple as the example)."""
+    table = byte_token_ids(deepseek)
+    schema = {
+        "$schema": DRAFT4,
+        "type": "array",
+        "items": [{"type": "integer"}],
+        "additionalItems": False,
+    }
+    lowered = lower_schema(schema)
+    assert lowered.strict_integers and "prefixItems" in lowered.schema
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), backend)
+    matcher = compiled.matcher()
+    for text, valid in [("[1]", True), ("[-7]", True), ("[1.0]", False), ("[1e0]", False),
+                        ("[1E0]", False), ("[1.5]", False), ("[1,2]", False)]:  # fmt: skip
+        assert validates(schema, json.loads(text)) == valid, text
+        accepted = feed(matcher, [table[b] for b in text.encode()])[0]
+        assert accepted == valid or (compiled.unenforced and not accepted), (backend, text)

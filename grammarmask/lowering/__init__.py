@@ -48,6 +48,9 @@ class LoweredSchema:
 
     schema: Any
     rewrites: tuple[Rewrite, ...] = ()
+    strict_integers: bool = False
+    """"integer" means a number written without a fraction (1.0 is none), as in the user's
+    draft-4 schema: a validator of `schema` must read it so (the backends do)."""
 
     @functools.cached_property
     def source(self) -> str:
@@ -83,7 +86,7 @@ def lower_schema(schema: Any) -> LoweredSchema:
     if not context.in_place and not _refs_resolve(lowered):
         context = in_place
         lowered = _lower(schema, "", context, root=True)
-    return LoweredSchema(lowered, tuple(context.rewrites))
+    return LoweredSchema(lowered, tuple(context.rewrites), drafts.strict_integers(draft))
 
 
 def _refs_resolve(schema: Any) -> bool:

@@ -9,7 +9,6 @@ into the 2020-12 schema that accepts exactly the same instances, and declares 20
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 import jsonschema
@@ -62,10 +61,8 @@ def draft_of(schema: Any) -> str | None:
 def convertible(schema: Any, draft: str) -> bool:
     """Whether the 2020-12 form can accept exactly the same: every `$ref` survives (none
     points into `items`, `additionalItems` or `dependencies`, whose subschemas move, and no
-    subschema sets a base URI of its own), and, for draft 4, no `type` names "integer"
-    (draft 4 refuses 1.0 as an integer, 2020-12 cannot tell 1.0 from 1)."""
-    if draft == "draft4" and '"integer"' in json.dumps(schema):
-        return False
+    subschema sets a base URI of its own). A draft-4 "integer" keeps its meaning only where
+    integers are read strictly (see `strict_integers`)."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -84,6 +81,23 @@ def convertible(schema: Any, draft: str) -> bool:
             return False
         stack.extend(node.values())
     return True
+
+
+def strict_integers(draft: str | None) -> bool:
+    """Whether "integer" means a number written without a fraction, as in draft 4, where 1.0
+    is no integer (2020-12 cannot tell 1.0 from 1; every backend writes integers without a
+    fraction, so the lowered schema reads as draft 4 there)."""
+    return draft == "draft4"
+
+
+def integer_type_checker(cls: type[Any]) -> Any:
+    """`cls`'s type checker with draft 4's "integer": a JSON number without a fraction part
+    (Python's int), 1.0 excluded."""
+
+    def is_integer(_checker: Any, instance: Any) -> bool:
+        return isinstance(instance, int) and not isinstance(instance, bool)
+
+    return cls.TYPE_CHECKER.redefine("integer", is_integer)
 
 
 def to_2020_12(node: dict[str, Any], draft: str, *, root: bool) -> tuple[dict[str, Any], list[str]]:

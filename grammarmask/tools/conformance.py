@@ -36,7 +36,7 @@ from jsonschema.validators import validator_for
 from ..backends import Matcher
 from ..enforcement import Unenforced, iter_subschemas
 from ..grammars import resolve_pointer
-from ..lowering import lower_schema
+from ..lowering import drafts, lower_schema
 from ..resources import bundled_sample_dir, corpus_dir
 from ..vocabulary import Vocabulary
 
@@ -216,10 +216,13 @@ _READ_BESIDE = {
 exempt from them, so dropping the other alone would tighten them."""
 
 
-def validates(schema: Any, instance: Any) -> bool:
+def validates(schema: Any, instance: Any, *, strict_integers: bool = False) -> bool:
     """jsonschema's verdict under the schema's own draft, formats checked. Formats a backend
-    does not enforce are declared unenforced, so `loosen` has already removed them."""
+    does not enforce are declared unenforced, so `loosen` has already removed them.
+    `strict_integers`: "integer" as draft 4 reads it (a lowered draft-4 schema)."""
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    if strict_integers:
+        cls = jsonschema.validators.extend(cls, type_checker=drafts.integer_type_checker(cls))
     try:
         return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance))
     except Exception:  # an unresolvable remote $ref: jsonschema cannot judge
@@ -246,7 +249,8 @@ def judge_invalid_accepted(schema: Any, unenforced: Sequence[Unenforced], instan
     if validates(schema, instance):
         return "unverified" if unchecked_formats(schema) else "label"
     loose = loosen(schema, unenforced)
-    if unenforced and validates(loose, instance):
+    strict = lower_schema(schema).strict_integers
+    if unenforced and validates(loose, instance, strict_integers=strict):
         return "unverified" if unchecked_formats(loose) else "explained"
     return "defect"
 
