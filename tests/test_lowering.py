@@ -126,6 +126,48 @@ CASES: dict[str, Any] = {
     "oneOf of required sets": {
         "oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["c", "a"]}],
     },
+    "oneOf on a discriminator the siblings require": {
+        "type": "object",
+        "required": ["kind"],
+        "oneOf": [
+            {"properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}},
+            {"properties": {"kind": {"enum": ["dog", 1]}}},
+        ],
+    },
+    "oneOf where a required key is one the other closes out": {
+        "oneOf": [
+            {"type": "object", "required": ["a"], "properties": {"a": {}}},
+            {"type": "object", "properties": {"b": {}}, "additionalProperties": False},
+            {
+                "type": "object",
+                "required": ["c"],
+                "patternProperties": {"^[bc]$": {}},
+                "additionalProperties": False,
+            },
+        ],
+    },
+    "oneOf of string lengths": {"type": "string", "oneOf": [{"maxLength": 0}, {"minLength": 1}]},
+    "oneOf of number intervals": {
+        "oneOf": [
+            {"type": "number", "exclusiveMaximum": 2},
+            {"type": "integer", "minimum": 2, "maximum": 3},
+            {"type": "number", "exclusiveMinimum": 3},
+        ],
+    },
+    "oneOf of touching bounds is kept": {
+        "oneOf": [{"type": "integer", "maximum": 2}, {"type": "integer", "minimum": 2}],
+    },
+    "oneOf of array counts": {
+        "type": "array",
+        "oneOf": [{"maxItems": 1}, {"minItems": 2, "items": {"type": "string"}}],
+    },
+    "oneOf of a schema and its not": {
+        "oneOf": [{"multipleOf": 2}, {"not": {"multipleOf": 2}}],
+    },
+    "oneOf of anyOf branches of other kinds": {
+        "oneOf": [{"anyOf": [{"type": "string"}, {"enum": [1, None]}]}, {"type": "object"}],
+    },
+    "oneOf of true and not 1 is kept": {"oneOf": [{"const": True}, {"not": {"const": 1}}]},
     "not through $ref": {
         "$defs": {"r": {"required": ["a"]}, "s": {"type": "string"}},
         "not": {"anyOf": [{"$ref": "#/$defs/r"}, {"$ref": "#/$defs/s"}]},
@@ -217,6 +259,8 @@ PROBES: list[Any] = [
     "a\n", "2024-02-29", "2023-02-29", "12:00:00Z", "2024-02-29T12:00:00Z", [], [1], [1, "a"],
     [1, "a", True], [1, "a", 2], {}, {"a": 1}, {"b": "x"}, {"a": 1, "b": "x"},
     {"a": 1, "b": "x", "c": 1}, {"c": 1}, {"kind": "cat"}, {"kind": "dog"}, {"x": 5},
+    {"kind": 1}, {"kind": "cat", "lives": 9}, {"c": 1, "a": 2}, {"c": 1, "b": 2}, {"c": 1, "d": 2},
+    ["a", "b"], [1, 2], 3.5, 1.9999, -0.5,
 ]  # fmt: skip
 """Values at the cases' edges (bounds, equal numbers, listed strings, present properties)."""
 
@@ -247,11 +291,24 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "not integer is kept",
         "oneOf integer and number is kept",
         "oneOf of equal consts is kept",
+        "oneOf of touching bounds is kept",
     ):
         assert rules[kept] == set(), kept
     assert "oneOf" in lower_schema(CASES["oneOf without the object type is kept"]).schema
+    assert "oneOf" in lower_schema(CASES["oneOf of true and not 1 is kept"]).schema
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
-    for converted in ("oneOf of types", "oneOf of consts", "oneOf on a discriminator"):
+    for converted in (
+        "oneOf of types",
+        "oneOf of consts",
+        "oneOf on a discriminator",
+        "oneOf on a discriminator the siblings require",
+        "oneOf where a required key is one the other closes out",
+        "oneOf of string lengths",
+        "oneOf of number intervals",
+        "oneOf of array counts",
+        "oneOf of a schema and its not",
+        "oneOf of anyOf branches of other kinds",
+    ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")
     in_place = lower_schema(CASES["a $ref into a rewritten oneOf keeps it in place"])

@@ -21,7 +21,7 @@ from typing import Any
 from .. import formats
 from ..enforcement import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_SINGLE, VOCABULARY
 from ..grammars import Grammar, json_pointer, resolve_pointer
-from . import combinators, drafts
+from . import combinators, disjoint, drafts
 
 COUNT_KEYWORDS = (
     "maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties",
@@ -248,7 +248,7 @@ def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
     branches = node.get("oneOf")
     if not isinstance(branches, list) or not branches:
         return
-    if combinators.pairwise_disjoint(branches, context.root, context.draft):
+    if disjoint.pairwise_disjoint(branches, context.root, context.draft, node):
         detail = "oneOf with disjoint branches -> anyOf"
     else:
         rewritten = combinators.exactly_one_required(branches)

@@ -1,5 +1,6 @@
-"""Combinators the backends refuse, in forms they enforce: a provably disjoint `oneOf` as
-`anyOf`, dependencies as `anyOf` branches, and the `not`s that have a positive form.
+"""Combinators the backends refuse, in forms they enforce: dependencies as `anyOf`
+branches, the `not`s that have a positive form, and a `oneOf` of required sets as `anyOf`
+(a provably disjoint `oneOf`: disjoint.py).
 
 Each rewrite accepts exactly the instances the original accepts; where grammarmask cannot
 prove that, the keyword stays and the backends' enforcement tables report it.
@@ -8,153 +9,16 @@ prove that, the keyword stays and the backends' enforcement tables report it.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..grammars import resolve_pointer
-from .drafts import OLD_DRAFTS
+from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
 
-_ATOMS = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
-"""The JSON values, by kind: numbers split into integers and the others, so that `integer`
-and `number` compare as a subset."""
-_TYPE_ATOMS = {
-    "null": {"null"},
-    "boolean": {"boolean"},
-    "object": {"object"},
-    "array": {"array"},
-    "string": {"string"},
-    "integer": {"integer"},
-    "number": {"integer", "fraction"},
-}
-_REF_DEPTH = 8
 _INDEPENDENT = frozenset(
     {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf"}
 )
 """Keywords whose meaning does not depend on their neighbours: a schema of several of them
 is the allOf of each alone."""
-
-
-def _atom(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return "integer"
-    if isinstance(value, float):
-        return "fraction"
-    if isinstance(value, dict):
-        return "object"
-    return "array" if isinstance(value, list) else "string"
-
-
-def _value_key(value: Any) -> str:
-    """Equal keys for values JSON Schema calls equal (1 and 1.0 are)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"n:{float(value)!r}"
-    return "j:" + json.dumps(value, sort_keys=True)
-
-
-class _Reading:
-    """How to read the user's schema where a `$ref` leads into it: in its own draft."""
-
-    def __init__(self, root: Any, draft: str | None) -> None:
-        self.root = root
-        self.old = draft in OLD_DRAFTS
-        """Keywords beside a `$ref` are ignored."""
-        self.const = draft != "draft4"
-        """`const` exists."""
-
-
-def _resolve(node: Any, reading: _Reading) -> Any:
-    """`node` with local `$ref`s followed (a node with other keywords beside its `$ref` is
-    kept as it is from 2019-09 on: it is not only its target)."""
-    for _ in range(_REF_DEPTH):
-        if not (isinstance(node, dict) and "$ref" in node):
-            return node
-        if len(node) > 1 and not reading.old:
-            return node
-        ref = node["$ref"]
-        if not (isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))):
-            return node
-        target = resolve_pointer(reading.root, ref[1:])
-        if target is None:
-            return node
-        node = target
-    return node
-
-
-def _atoms(node: Any, reading: _Reading) -> frozenset[str]:
-    """The kinds of value `node` may accept (all of them when unknown)."""
-    node = _resolve(node, reading)
-    if node is False:
-        return frozenset()
-    if not isinstance(node, dict):
-        return _ATOMS
-    found = set(_ATOMS)
-    kinds = node.get("type")
-    if isinstance(kinds, str):
-        kinds = [kinds]
-    if isinstance(kinds, list) and all(k in _TYPE_ATOMS for k in kinds):
-        found &= set().union(*(_TYPE_ATOMS[k] for k in kinds))
-    if "const" in node and reading.const:
-        found &= {_atom(node["const"])}
-    if isinstance(node.get("enum"), list):
-        found &= {_atom(v) for v in node["enum"]}
-    return frozenset(found)
-
-
-def _values(node: Any, reading: _Reading) -> frozenset[str] | None:
-    """The values `node` accepts, when it lists them (`const` or `enum`)."""
-    node = _resolve(node, reading)
-    if not isinstance(node, dict):
-        return None
-    if "const" in node and reading.const:
-        return frozenset({_value_key(node["const"])})
-    if isinstance(node.get("enum"), list):
-        return frozenset(map(_value_key, node["enum"]))
-    return None
-
-
-def _discriminators(node: Any, reading: _Reading) -> dict[str, frozenset[str]]:
-    """Required properties of an object-only schema whose values it lists."""
-    node = _resolve(node, reading)
-    if not isinstance(node, dict) or _atoms(node, reading) != {"object"}:
-        return {}
-    required = node.get("required")
-    properties = node.get("properties")
-    if not (isinstance(required, list) and isinstance(properties, dict)):
-        return {}
-    found = {}
-    for name in required:
-        if isinstance(name, str) and name in properties:
-            values = _values(properties[name], reading)
-            if values is not None:
-                found[name] = values
-    return found
-
-
-def disjoint(first: Any, second: Any, reading: _Reading) -> bool:
-    """No instance can validate against both (proved from their kinds of value, their
-    listed values, or a required property whose listed values differ)."""
-    if not _atoms(first, reading) & _atoms(second, reading):
-        return True
-    values = _values(first, reading), _values(second, reading)
-    if values[0] is not None and values[1] is not None and not values[0] & values[1]:
-        return True
-    left, right = _discriminators(first, reading), _discriminators(second, reading)
-    return any(name in right and not left[name] & right[name] for name in left)
-
-
-def pairwise_disjoint(branches: Sequence[Any], root: Any, draft: str | None) -> bool:
-    """No two of `branches` (lowered subschemas of `root`, written in `draft`) overlap."""
-    reading = _Reading(root, draft)
-    return all(
-        disjoint(branches[i], branches[j], reading)
-        for i in range(len(branches))
-        for j in range(i + 1, len(branches))
-    )
 
 
 def dependency_branches(name: str, then: Any, *, present: bool = False) -> dict[str, Any]:
@@ -181,7 +45,7 @@ def _none_of(values: Sequence[Any]) -> dict[str, Any] | bool | None:
         return None  # beyond a float's exact integers
     if any(isinstance(v, str) and v.endswith("\n") for v in values):
         return None  # Python's `$` (jsonschema's) would let the listed string through
-    numbers = sorted({float(v) for v in values if _atom(v) in ("integer", "fraction")})
+    numbers = sorted({float(v) for v in values if atom(v) in ("integer", "fraction")})
     strings = [v for v in values if isinstance(v, str)]
     booleans = {v for v in values if isinstance(v, bool)}
     branches: list[Any] = [{"type": ["array", "object"]}]
@@ -291,10 +155,10 @@ def positive_not(
     shapes that have one; None for the others. A branch that is a local `$ref` is read at
     its target (in the user's schema `root`, written in `draft`); `lowered` says whether
     `negated` is already lowered, so that its parts may be kept as they are."""
-    if depth > _REF_DEPTH:
+    if depth > REF_DEPTH:
         return None
     if root is not None and isinstance(negated, dict) and "$ref" in negated:
-        target = _resolve(negated, _Reading(root, draft))
+        target = resolve(negated, Reading(root, draft))
         if target is negated:
             return None
         negated, lowered = target, False
@@ -341,11 +205,11 @@ def positive_not(
     if set(negated) == {"type"}:
         kinds = negated["type"]
         kinds = [kinds] if isinstance(kinds, str) else kinds
-        if not (isinstance(kinds, list) and all(k in _TYPE_ATOMS for k in kinds)):
+        if not (isinstance(kinds, list) and all(k in TYPE_ATOMS for k in kinds)):
             return None
-        excluded = set().union(*(_TYPE_ATOMS[k] for k in kinds)) if kinds else set()
+        excluded = set().union(*(TYPE_ATOMS[k] for k in kinds)) if kinds else set()
         if "integer" in excluded and "fraction" not in excluded:
             return None  # "a number that is not an integer" has no type of its own
-        left = [k for k in _TYPE_ATOMS if _TYPE_ATOMS[k].isdisjoint(excluded)]
+        left = [k for k in TYPE_ATOMS if TYPE_ATOMS[k].isdisjoint(excluded)]
         return {"type": left} if left else False
     return None

@@ -1,0 +1,183 @@
+"""Proofs that two subschemas accept no common instance, so that a `oneOf` of them means
+the same as their `anyOf` (which every backend enforces; llguidance refuses a `oneOf` it
+cannot prove disjoint itself).
+
+Each proof reads only keywords a branch certainly enforces at its top level (a keyword
+deeper in a branch only narrows it), so that "disjoint" is never claimed wrongly; a pair
+the proofs cannot settle stays a `oneOf`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from .reading import ATOMS, REF_DEPTH, Reading, atoms, resolve, values
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the keywords beside a `oneOf` demand of every value its branches see."""
+
+    atoms: frozenset[str] = ATOMS
+    required: frozenset[str] = frozenset()
+
+
+_ANYWHERE = Scope()
+
+
+def scope_of(node: dict[str, Any], reading: Reading) -> Scope:
+    """The scope that the siblings of `node`'s `oneOf` set."""
+    siblings = {k: v for k, v in node.items() if k != "oneOf"}
+    return Scope(atoms(siblings, reading), frozenset(_required(siblings)))
+
+
+def pairwise_disjoint(
+    branches: Sequence[Any], root: Any, draft: str | None, siblings: dict[str, Any]
+) -> bool:
+    """No two of `branches` (lowered subschemas of `root`, written in `draft`) accept a
+    common instance that also satisfies `siblings` (the schema object holding them)."""
+    reading = Reading(root, draft)
+    scope = scope_of(siblings, reading)
+    return all(
+        disjoint(branches[i], branches[j], reading, scope)
+        for i in range(len(branches))
+        for j in range(i + 1, len(branches))
+    )
+
+
+def disjoint(
+    first: Any, second: Any, reading: Reading, scope: Scope = _ANYWHERE, depth: int = 0
+) -> bool:
+    """No instance in `scope` validates against both: proved from their kinds of value,
+    their listed values, one being the other's `not`, their length, count or number bounds,
+    or, for objects, a property both must have whose schemas are disjoint (a required
+    property the other forbids, a discriminator's different values)."""
+    first, second = resolve(first, reading), resolve(second, reading)
+    common = atoms(first, reading) & atoms(second, reading) & scope.atoms
+    if not common:
+        return True
+    listed = values(first, reading), values(second, reading)
+    if listed[0] is not None and listed[1] is not None and not listed[0] & listed[1]:
+        return True
+    if not (isinstance(first, dict) and isinstance(second, dict)) or depth > REF_DEPTH:
+        return False
+    if _same(first.get("not"), second) or _same(second.get("not"), first):
+        return True
+    bounds = _BOUNDS_BY_KIND.get(common)
+    if bounds is not None and _apart(_bounds(first, bounds), _bounds(second, bounds)):
+        return True
+    if common == {"object"}:
+        return _objects_disjoint(first, second, reading, scope, depth)
+    return False
+
+
+_NUMBERS = (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum"))
+_BOUNDS_BY_KIND: dict[frozenset[str], tuple[tuple[str, str | None], tuple[str, str | None]]] = {
+    frozenset({"string"}): (("minLength", None), ("maxLength", None)),
+    frozenset({"array"}): (("minItems", None), ("maxItems", None)),
+    frozenset({"object"}): (("minProperties", None), ("maxProperties", None)),
+    frozenset({"integer"}): _NUMBERS,
+    frozenset({"fraction"}): _NUMBERS,
+    frozenset({"integer", "fraction"}): _NUMBERS,
+}
+"""The keywords that bound a value of one kind from below and from above (inclusive, and
+the exclusive one where there is one)."""
+
+_Bound = tuple[float, bool]
+"""A bound and whether it is open (the bound itself excluded)."""
+
+
+def _bounds(
+    node: dict[str, Any], keywords: tuple[tuple[str, str | None], tuple[str, str | None]]
+) -> tuple[_Bound, _Bound]:
+    """The interval `node` confines a value to (unbounded where it says nothing)."""
+    (low_key, low_open_key), (high_key, high_open_key) = keywords
+    low = _bound(node, low_key, low_open_key, -math.inf, max)
+    high = _bound(node, high_key, high_open_key, math.inf, min)
+    return low, high
+
+
+def _bound(
+    node: dict[str, Any], key: str, open_key: str | None, unbounded: float, tighter: Any
+) -> _Bound:
+    found: _Bound = (unbounded, False)
+    value, flag = node.get(key), node.get(open_key) if open_key else None
+    if _is_number(value):
+        found = (float(value), flag is True)  # a draft-4 boolean flag opens `key`
+    if _is_number(flag):
+        candidate = (float(flag), True)
+        if candidate[0] == found[0]:
+            found = (found[0], True)
+        elif tighter(candidate[0], found[0]) == candidate[0]:
+            found = candidate
+    return found
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _apart(first: tuple[_Bound, _Bound], second: tuple[_Bound, _Bound]) -> bool:
+    """The two intervals share no point."""
+
+    def below(high: _Bound, low: _Bound) -> bool:
+        return high[0] < low[0] or (high[0] == low[0] and (high[1] or low[1]))
+
+    return below(first[1], second[0]) or below(second[1], first[0])
+
+
+def _same(first: Any, second: Any) -> bool:
+    """The same JSON (Python's == calls True and 1, or 1 and 1.0, equal)."""
+    return first is not None and json.dumps(first, sort_keys=True) == json.dumps(
+        second, sort_keys=True
+    )
+
+
+def _required(node: dict[str, Any]) -> list[str]:
+    names = node.get("required")
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def _objects_disjoint(
+    first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope, depth: int
+) -> bool:
+    """Objects: some property every common instance has (required by either or by the
+    scope) must satisfy two disjoint schemas."""
+    present = dict.fromkeys([*_required(first), *_required(second), *scope.required])
+    for name in present:
+        left, right = _property_schema(first, name), _property_schema(second, name)
+        if (
+            left is not True
+            and right is not True
+            and disjoint(left, right, reading, _ANYWHERE, depth + 1)
+        ):
+            return True
+    return False
+
+
+_PLAIN_NAME = re.compile(r"[ -~]*")
+"""Property names whose match against a pattern Python's `re` and ECMA-262 agree on
+(printable ASCII, no newline)."""
+
+
+def _property_schema(node: dict[str, Any], name: str) -> Any:
+    """A schema that `node` demands of property `name`'s value (True: none known)."""
+    properties = node.get("properties")
+    if isinstance(properties, dict) and name in properties:
+        return properties[name]
+    patterns = node.get("patternProperties")
+    if isinstance(patterns, dict) and patterns:
+        if not _PLAIN_NAME.fullmatch(name):
+            return True
+        for pattern, schema in patterns.items():
+            try:
+                if re.search(pattern, name):
+                    return schema
+            except (re.error, TypeError):
+                return True
+    return node.get("additionalProperties", True)
