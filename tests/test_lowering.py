@@ -117,7 +117,7 @@ CASES: dict[str, Any] = {
             },
         ],
     },
-    "oneOf without the object type is kept": {
+    "oneOf without the object type, on a required discriminator": {
         "oneOf": [
             {"properties": {"k": {"const": 1}}, "required": ["k"]},
             {"properties": {"k": {"const": 2}}, "required": ["k"]},
@@ -168,6 +168,46 @@ CASES: dict[str, Any] = {
         "oneOf": [{"anyOf": [{"type": "string"}, {"enum": [1, None]}]}, {"type": "object"}],
     },
     "oneOf of true and not 1 is kept": {"oneOf": [{"const": True}, {"not": {"const": 1}}]},
+    "oneOf of object-only branches on a discriminator": {
+        "oneOf": [
+            {
+                "properties": {"kind": {"enum": ["cat"]}, "lives": {}},
+                "required": ["kind", "lives"],
+                "additionalProperties": False,
+            },
+            {"properties": {"kind": {"enum": ["dog"]}}, "required": ["kind"]},
+        ],
+    },
+    "oneOf where the other branch requires the discriminator": {
+        "oneOf": [
+            {"properties": {"op": {"enum": ["or"]}}, "required": ["v"]},
+            {"properties": {"op": {"enum": ["eq"]}}, "required": ["op"]},
+        ],
+    },
+    "oneOf of literal patterns": {
+        "type": "object",
+        "required": ["status"],
+        "oneOf": [
+            {"properties": {"status": {"type": "string", "pattern": "^ok$"}}},
+            {"properties": {"status": {"type": "string", "pattern": "^fail$"}}},
+        ],
+    },
+    "oneOf of arrays by their first item": {
+        "type": "array",
+        "oneOf": [
+            {"minItems": 1, "items": {"type": "string"}},
+            {"minItems": 2, "prefixItems": [{"type": "integer"}]},
+        ],
+    },
+    "oneOf of arrays that may be empty is kept": {
+        "oneOf": [
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "items": {"type": "integer"}},
+        ],
+    },
+    "oneOf of object-only branches sharing an object is kept": {
+        "oneOf": [{"properties": {"a": {"type": "string"}}}, {"properties": {"b": {}}}],
+    },
     "not through $ref": {
         "$defs": {"r": {"required": ["a"]}, "s": {"type": "string"}},
         "not": {"anyOf": [{"$ref": "#/$defs/r"}, {"$ref": "#/$defs/s"}]},
@@ -260,7 +300,9 @@ PROBES: list[Any] = [
     [1, "a", True], [1, "a", 2], {}, {"a": 1}, {"b": "x"}, {"a": 1, "b": "x"},
     {"a": 1, "b": "x", "c": 1}, {"c": 1}, {"kind": "cat"}, {"kind": "dog"}, {"x": 5},
     {"kind": 1}, {"kind": "cat", "lives": 9}, {"c": 1, "a": 2}, {"c": 1, "b": 2}, {"c": 1, "d": 2},
-    ["a", "b"], [1, 2], 3.5, 1.9999, -0.5,
+    ["a", "b"], [1, 2], 3.5, 1.9999, -0.5, ["a"], [1, "a"], {"kind": "cat", "lives": 1, "x": 1},
+    {"status": "ok"}, {"status": "ok\n"}, {"status": "fail"}, {"status": "no"}, {"op": "or"},
+    {"op": "or", "v": 1}, {"op": "eq"}, {"op": "eq", "v": 1}, {"v": 1}, {"a": "x", "b": 1},
 ]  # fmt: skip
 """Values at the cases' edges (bounds, equal numbers, listed strings, present properties)."""
 
@@ -292,9 +334,10 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf integer and number is kept",
         "oneOf of equal consts is kept",
         "oneOf of touching bounds is kept",
+        "oneOf of arrays that may be empty is kept",
+        "oneOf of object-only branches sharing an object is kept",
     ):
         assert rules[kept] == set(), kept
-    assert "oneOf" in lower_schema(CASES["oneOf without the object type is kept"]).schema
     assert "oneOf" in lower_schema(CASES["oneOf of true and not 1 is kept"]).schema
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
     for converted in (
@@ -308,6 +351,11 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of array counts",
         "oneOf of a schema and its not",
         "oneOf of anyOf branches of other kinds",
+        "oneOf of object-only branches on a discriminator",
+        "oneOf where the other branch requires the discriminator",
+        "oneOf of literal patterns",
+        "oneOf of arrays by their first item",
+        "oneOf without the object type, on a required discriminator",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")

@@ -250,6 +250,9 @@ def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
         return
     if disjoint.pairwise_disjoint(branches, context.root, context.draft, node):
         detail = "oneOf with disjoint branches -> anyOf"
+    elif disjoint.object_branches_disjoint(branches, context.root, context.draft, node):
+        _add_all_of(node, {"type": "object"})
+        detail = "oneOf of object branches disjoint on objects -> anyOf, objects only"
     else:
         rewritten = combinators.exactly_one_required(branches)
         if rewritten is None:

@@ -42,7 +42,39 @@ def pairwise_disjoint(
     """No two of `branches` (lowered subschemas of `root`, written in `draft`) accept a
     common instance that also satisfies `siblings` (the schema object holding them)."""
     reading = Reading(root, draft)
+    return _pairwise(branches, reading, scope_of(siblings, reading))
+
+
+def object_branches_disjoint(
+    branches: Sequence[Any], root: Any, draft: str | None, siblings: dict[str, Any]
+) -> bool:
+    """Two or more `branches` that each constrain objects only, no two accepting a common
+    object: their `oneOf` refuses every other value (all branches accept it), and on
+    objects it means their `anyOf`."""
+    reading = Reading(root, draft)
+    if len(branches) < 2 or not all(_objects_only(resolve(b, reading)) for b in branches):
+        return False
     scope = scope_of(siblings, reading)
+    return _pairwise(branches, reading, Scope(scope.atoms & {"object"}, scope.required))
+
+
+_OBJECT_KEYWORDS = frozenset(
+    {
+        "properties", "required", "additionalProperties", "patternProperties",
+        "minProperties", "maxProperties", "propertyNames", "dependentRequired",
+        "dependentSchemas", "title", "description", "$comment", "default", "examples",
+        "deprecated", "readOnly", "writeOnly",
+    }
+)  # fmt: skip
+"""Keywords that constrain objects only (or nothing): a schema of them accepts every value
+that is no object."""
+
+
+def _objects_only(node: Any) -> bool:
+    return isinstance(node, dict) and bool(node) and set(node) <= _OBJECT_KEYWORDS
+
+
+def _pairwise(branches: Sequence[Any], reading: Reading, scope: Scope) -> bool:
     return all(
         disjoint(branches[i], branches[j], reading, scope)
         for i in range(len(branches))
@@ -73,6 +105,8 @@ def disjoint(
         return True
     if common == {"object"}:
         return _objects_disjoint(first, second, reading, scope, depth)
+    if common == {"array"}:
+        return _arrays_disjoint(first, second, reading, depth)
     return False
 
 
@@ -158,6 +192,48 @@ def _objects_disjoint(
         ):
             return True
     return False
+
+
+def _arrays_disjoint(
+    first: dict[str, Any], second: dict[str, Any], reading: Reading, depth: int
+) -> bool:
+    """Arrays: some position both must fill (both have at least that many items) takes two
+    disjoint schemas."""
+    least = max(_count(first.get("minItems")), _count(second.get("minItems")))
+    for index in range(least):
+        left, right = _item_schema(first, index), _item_schema(second, index)
+        if (
+            left is not True
+            and right is not True
+            and disjoint(left, right, reading, _ANYWHERE, depth + 1)
+        ):
+            return True
+        if index >= len(_prefix(first)) and index >= len(_prefix(second)):
+            break  # every later position takes the same schemas
+    return False
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _prefix(node: dict[str, Any]) -> list[Any]:
+    """The schemas of the first items (`prefixItems`, or a draft-7-or-older tuple kept in
+    place)."""
+    for key in ("prefixItems", "items"):
+        if isinstance(node.get(key), list):
+            return list(node[key])
+    return []
+
+
+def _item_schema(node: dict[str, Any], index: int) -> Any:
+    """A schema that `node` demands of the item at `index` (True: none known)."""
+    prefix = _prefix(node)
+    if index < len(prefix):
+        return prefix[index]
+    if isinstance(node.get("items"), list):
+        return node.get("additionalItems", True)
+    return node.get("items", True)
 
 
 _PLAIN_NAME = re.compile(r"[ -~]*")

@@ -4,6 +4,7 @@ user's draft, and the kinds of JSON value a subschema may accept."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..grammars import resolve_pointer
@@ -107,7 +108,8 @@ def atoms(node: Any, reading: Reading, depth: int = 0) -> frozenset[str]:
 
 
 def values(node: Any, reading: Reading) -> frozenset[str] | None:
-    """The values `node` accepts, when it lists them (`const` or `enum`), by `value_key`."""
+    """The values `node` accepts, when it lists them (`const`, `enum`, or a string type with
+    a literal pattern), by `value_key`."""
     node = resolve(node, reading)
     if not isinstance(node, dict):
         return None
@@ -115,4 +117,11 @@ def values(node: Any, reading: Reading) -> frozenset[str] | None:
         return frozenset({value_key(node["const"])})
     if isinstance(node.get("enum"), list):
         return frozenset(map(value_key, node["enum"]))
+    literal = _LITERAL_PATTERN.fullmatch(str(node.get("pattern")))
+    if node.get("type") == "string" and literal:  # Python's `$` passes a final newline
+        return frozenset({value_key(literal[1]), value_key(literal[1] + "\n")})
     return None
+
+
+_LITERAL_PATTERN = re.compile(r"\^([A-Za-z0-9_ -]*)\$")
+"""A pattern that names one string (`^success$`)."""
