@@ -359,3 +359,21 @@ def test_formats_json_schema_does_not_define_are_not_constraints(
         assert deepseek_compiler.backend(backend).unenforced(grammar) == ()
     chosen = deepseek_compiler.compile(grammar, "auto")
     assert chosen.backend == LL and chosen.fully_enforced
+
+
+@pytest.mark.parametrize("backend", [X, LL])
+def test_pattern_classes_read_as_ecma_262(
+    backend: str, smollm2_compiler: gm.GrammarCompiler, smollm2_tokenizer: Any
+) -> None:
+    """\\d and \\w are ASCII in ECMA-262 (Python's `re` also takes other scripts' digits and
+    letters); \\s takes a no-break space; `.` refuses a newline."""
+    cases = [
+        ("^\\d$", "3", True), ("^\\d$", "\u0663", False), ("^\\w$", "a", True),
+        ("^\\w$", "\u00e9", False), ("^\\s$", "\u00a0", True), ("^.$", "\n", False),
+    ]  # fmt: skip
+    for pattern, text, ecma in cases:
+        grammar = gm.Grammar.json_schema({"type": "string", "pattern": pattern})
+        matcher = smollm2_compiler.compile(grammar, backend).matcher()
+        written = json.dumps(text, ensure_ascii=False)  # a newline stays an escape
+        ids = list(smollm2_tokenizer.encode(written, add_special_tokens=False))
+        assert accepts_all(matcher, ids) == ecma, (backend, pattern, text)
