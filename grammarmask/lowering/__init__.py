@@ -255,9 +255,13 @@ def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
         detail = "oneOf of object branches disjoint on objects -> anyOf, objects only"
     else:
         rewritten = combinators.exactly_one_required(branches)
+        detail = "oneOf of required sets -> anyOf, each excluding the others"
+        if rewritten is None:
+            rewritten = combinators.exactly_one(branches, context.root, context.draft, node)
+            detail = "oneOf -> anyOf of each branch without the others"
         if rewritten is None:
             return
-        branches, detail = rewritten, "oneOf of required sets -> anyOf, each excluding the others"
+        branches = rewritten
     del node["oneOf"]
     if "anyOf" in node:
         _add_all_of(node, {"anyOf": branches})

@@ -1,6 +1,6 @@
 """Combinators the backends refuse, in forms they enforce: dependencies as `anyOf`
-branches, the `not`s that have a positive form, and a `oneOf` of required sets as `anyOf`
-(a provably disjoint `oneOf`: disjoint.py).
+branches, the `not`s that have a positive form, and a `oneOf` as the `anyOf` of each
+branch without the others (a provably disjoint `oneOf`: disjoint.py).
 
 Each rewrite accepts exactly the instances the original accepts; where grammarmask cannot
 prove that, the keyword stays and the backends' enforcement tables report it.
@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from . import disjoint
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
 
 _INDEPENDENT = frozenset(
@@ -143,6 +144,34 @@ def exactly_one_required(branches: Sequence[Any]) -> list[Any] | None:
     return rewritten
 
 
+def exactly_one(
+    branches: Sequence[Any], root: Any, draft: str | None, siblings: dict[str, Any]
+) -> list[Any] | None:
+    """`anyOf` branches for a `oneOf` whose branches may overlap: each branch with the
+    positive form of every other branch's `not` (a branch provably disjoint from it, given
+    the `oneOf`'s `siblings`, needs none). None where one of those `not`s has no positive
+    form, or where no branch is left."""
+    reading = Reading(root, draft)
+    scope = disjoint.scope_of(siblings, reading)
+    negations: dict[int, Any] = {}
+    rewritten = []
+    for index, branch in enumerate(branches):
+        excluded = []
+        for other_index, other in enumerate(branches):
+            if other_index == index or disjoint.disjoint(branch, other, reading, scope):
+                continue
+            if other_index not in negations:
+                negations[other_index] = positive_not(other, root, draft)
+            negation = negations[other_index]
+            if negation is None:
+                return None
+            excluded.append(negation)
+        if any(negation is False for negation in excluded):
+            continue  # another branch accepts everything: this one is never the only one
+        rewritten.append({"allOf": [branch, *excluded]} if excluded else branch)
+    return rewritten or None
+
+
 def positive_not(
     negated: Any,
     root: Any = None,
@@ -154,14 +183,13 @@ def positive_not(
     """A schema without `not` that accepts exactly what `not: negated` accepts, for the
     shapes that have one; None for the others. A branch that is a local `$ref` is read at
     its target (in the user's schema `root`, written in `draft`); `lowered` says whether
-    `negated` is already lowered, so that its parts may be kept as they are."""
-    if depth > REF_DEPTH:
-        return None
+    `negated` is already lowered, so that its parts may be kept as they are. `depth`
+    counts the `$ref`s followed (a recursive schema has no positive `not` this way)."""
     if root is not None and isinstance(negated, dict) and "$ref" in negated:
         target = resolve(negated, Reading(root, draft))
-        if target is negated:
+        if target is negated or depth >= REF_DEPTH:
             return None
-        negated, lowered = target, False
+        negated, lowered, depth = target, False, depth + 1
     if negated is True or negated == {}:
         return False
     if negated is False:
@@ -173,7 +201,7 @@ def positive_not(
     if set(negated) in ({"anyOf"}, {"allOf"}) and isinstance(next(iter(negated.values())), list):
         ((keyword, branches),) = negated.items()
         positives = [
-            positive_not(branch, root, draft, depth + 1, lowered=lowered) for branch in branches
+            positive_not(branch, root, draft, depth, lowered=lowered) for branch in branches
         ]
         if not branches or any(p is None for p in positives):
             return None
@@ -186,14 +214,14 @@ def positive_not(
         return {"type": "object", **_lacking_one_of(names)}
     if len(negated) > 1 and set(negated) <= _INDEPENDENT:  # not (A and B) = not A or not B
         parts = [
-            positive_not({key: value}, root, draft, depth + 1, lowered=lowered)
+            positive_not({key: value}, root, draft, depth, lowered=lowered)
             for key, value in negated.items()
         ]
         return None if any(p is None for p in parts) else {"anyOf": parts}
     if set(negated) == {"properties"} and isinstance(negated["properties"], dict):
         branches = []
         for name, schema in negated["properties"].items():
-            inverse = positive_not(schema, root, draft, depth + 1, lowered=lowered)
+            inverse = positive_not(schema, root, draft, depth, lowered=lowered)
             if inverse is None:
                 return None
             if inverse is not False:  # present and breaking its schema
