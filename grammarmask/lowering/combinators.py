@@ -15,11 +15,45 @@ from typing import Any
 from . import disjoint
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
 
+_BOUND_INVERSES = {
+    "minimum": ("number", "exclusiveMaximum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0),
+    "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMaximum": ("number", "minimum", 0),
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
+}
+"""A bound's complement among the values it applies to: (their type, the opposite keyword,
+the step from the bound to the opposite one: counts are integers)."""
 _INDEPENDENT = frozenset(
-    {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf"}
+    {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf", *_BOUND_INVERSES}
 )
 """Keywords whose meaning does not depend on their neighbours: a schema of several of them
-is the allOf of each alone."""
+is the allOf of each alone (2019-09 on: exclusive bounds are numbers of their own)."""
+_ANNOTATIONS = frozenset(
+    {"title", "description", "$comment", "examples", "default", "deprecated", "readOnly",
+     "writeOnly"}
+)  # fmt: skip
+"""Keywords that constrain nothing."""
+
+
+def _outside_bound(keyword: str, bound: Any) -> dict[str, Any] | bool | None:
+    """`not: {keyword: bound}`: the values of the bound's type on the other side of it
+    (every value of another type satisfies the bound)."""
+    kind, opposite, step = _BOUND_INVERSES[keyword]
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        return None
+    if step == 0:
+        return {"type": kind, opposite: bound}
+    if not isinstance(bound, int) or bound < 0:
+        return None
+    if bound + step < 0:
+        return False  # a minimum count of 0: every value satisfies it
+    return {"type": kind, opposite: bound + step}
 
 
 def dependency_branches(name: str, then: Any, *, present: bool = False) -> dict[str, Any]:
@@ -196,8 +230,13 @@ def positive_not(
         return True
     if not isinstance(negated, dict):
         return None
+    negated = {k: v for k, v in negated.items() if k not in _ANNOTATIONS}
+    if not negated:
+        return False
     if set(negated) == {"not"}:
         return negated["not"] if lowered else None
+    if len(negated) == 1 and next(iter(negated)) in _BOUND_INVERSES:
+        return _outside_bound(*next(iter(negated.items())))
     if set(negated) in ({"anyOf"}, {"allOf"}) and isinstance(next(iter(negated.values())), list):
         ((keyword, branches),) = negated.items()
         positives = [
