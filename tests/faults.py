@@ -108,6 +108,7 @@ def faulty_compiler(vocab: gm.Vocabulary, compile_timeout_s: float = 60.0) -> gm
 
 # ---------------------------------------------------------------------- worker start-up
 START_FAULT = "injected start-up fault"
+RESTART_FAULT_DELAY_S = 3.0
 
 
 def raising_factory(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
@@ -127,8 +128,11 @@ def pid_then_hang_factory(pid_file: str, vocab: gm.Vocabulary) -> dict[str, gm.B
 
 def fails_once_marked_factory(marker: str, vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
     """No extra backends while the file `marker` does not exist; fails once it does (a
-    worker restarted after that cannot start)."""
+    worker restarted after that cannot start), after RESTART_FAULT_DELAY_S, so that a
+    request added right after the restart lands on the starting replacement even on a
+    loaded machine."""
     if os.path.exists(marker):
+        time.sleep(RESTART_FAULT_DELAY_S)
         raise RuntimeError(START_FAULT)
     return {}
 
