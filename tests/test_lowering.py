@@ -75,6 +75,13 @@ CASES: dict[str, Any] = {
         "then": {"minimum": 2},
         "else": {"type": "string"},
     },
+    "draft-4 subschema ids without a $ref": {
+        "$schema": DRAFT4,
+        "id": "https://example.com/root",
+        "type": "array",
+        "items": [{"id": "https://example.com/root/0", "type": "integer"}],
+        "additionalItems": False,
+    },
     "draft-4 integer, read strictly": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -390,6 +397,7 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")
+    assert "prefixItems" in lower_schema(CASES["draft-4 subschema ids without a $ref"]).schema
     in_place = lower_schema(CASES["a $ref into a rewritten oneOf keeps it in place"])
     assert "oneOf" in in_place.schema and {r.rule for r in in_place.rewrites} == {"format"}
     assert "not" in lower_schema(CASES["not not through $ref is kept"]).schema

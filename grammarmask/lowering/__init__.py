@@ -7,8 +7,9 @@ backends' enforcement tables, which declare it. `Grammar` keeps the user's schem
 Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in count
 keywords as integers, formats the schema's draft does not define dropped, `date`, `time`
 and `date-time` as exact patterns, dependencies and `dependentRequired` /
-`dependentSchemas` as `anyOf`, a provably disjoint `oneOf` as `anyOf`, and the `not`s that
-have a positive form.
+`dependentSchemas` as `anyOf`, a `oneOf` as `anyOf` (of its branches where no two overlap,
+else of each branch without the others), and the `not`s that have a positive form. A
+draft-4 schema's lowered form reads "integer" as draft 4 does (`strict_integers`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def lower_schema(schema: Any) -> LoweredSchema:
     draft = drafts.draft_of(schema)
     in_place = _Context(schema, None, in_place=True, format_draft=draft)
     context = _Context(schema, draft)
-    if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema, draft):
+    if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema):
         context = in_place  # left in its own draft
     lowered = _lower(schema, "", context, root=True)
     if not context.in_place and not _refs_resolve(lowered):

@@ -58,11 +58,14 @@ def draft_of(schema: Any) -> str | None:
     return _DRAFTS.get(cls)
 
 
-def convertible(schema: Any, draft: str) -> bool:
+def convertible(schema: Any) -> bool:
     """Whether the 2020-12 form can accept exactly the same: every `$ref` survives (none
-    points into `items`, `additionalItems` or `dependencies`, whose subschemas move, and no
-    subschema sets a base URI of its own). A draft-4 "integer" keeps its meaning only where
-    integers are read strictly (see `strict_integers`)."""
+    points into `items`, `additionalItems` or `dependencies`, whose subschemas move, and,
+    where there are `$ref`s, no subschema sets a base URI of its own; without a `$ref` a
+    base URI changes nothing). A draft-4 "integer" keeps its meaning only where integers
+    are read strictly (see `strict_integers`)."""
+    refs: list[str] = []
+    identified = False
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -72,15 +75,16 @@ def convertible(schema: Any, draft: str) -> bool:
         if not isinstance(node, dict):
             continue
         ref = node.get("$ref")
-        if isinstance(ref, str) and any(
-            part in ("items", "additionalItems", "dependencies") for part in ref.split("/")
-        ):
-            return False
+        if isinstance(ref, str):
+            refs.append(ref)
         ident = node.get("id", node.get("$id"))
         if node is not schema and isinstance(ident, str) and not ident.startswith("#"):
-            return False
+            identified = True
         stack.extend(node.values())
-    return True
+    moved = ("items", "additionalItems", "dependencies")
+    if any(part in moved for ref in refs for part in ref.split("/")):
+        return False
+    return not (refs and identified)
 
 
 def strict_integers(draft: str | None) -> bool:
