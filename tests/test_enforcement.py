@@ -122,7 +122,8 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
     ("oneOf-disjoint", S(oneOf=[S(type="integer"), S(type="string")]), 1, None, {X, OL, LL}),
     ("allOf", S(allOf=[S(type="integer"), S(minimum=3)]), 4, 1, {LL}),
     ("not", S(type="integer", **{"not": S(const=3)}), 4, 3, {LL}),  # lowered: anyOf of ranges
-    ("if-then", S(type="integer", **{"if": S(minimum=5), "then": S(multipleOf=2)}), 6, 7, set()),
+    # lowered: anyOf of both cases (`not if` is the other side of the minimum)
+    ("if-then", S(type="integer", **{"if": S(minimum=5), "then": S(multipleOf=2)}), 6, 7, {LL}),
     (
         "dependentRequired",
         S(

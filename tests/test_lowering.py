@@ -398,6 +398,8 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")
     assert "prefixItems" in lower_schema(CASES["draft-4 subschema ids without a $ref"]).schema
+    strict = lower_schema(CASES["draft-4 integer, read strictly"])
+    assert strict.strict_integers and any("draft-4 meaning" in r.detail for r in strict.rewrites)
     in_place = lower_schema(CASES["a $ref into a rewritten oneOf keeps it in place"])
     assert "oneOf" in in_place.schema and {r.rule for r in in_place.rewrites} == {"format"}
     assert "not" in lower_schema(CASES["not not through $ref is kept"]).schema

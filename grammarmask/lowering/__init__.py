@@ -87,7 +87,10 @@ def lower_schema(schema: Any) -> LoweredSchema:
     if not context.in_place and not _refs_resolve(lowered):
         context = in_place
         lowered = _lower(schema, "", context, root=True)
-    return LoweredSchema(lowered, tuple(context.rewrites), drafts.strict_integers(draft))
+    strict = drafts.strict_integers(draft)
+    if strict and not context.in_place and '"integer"' in json.dumps(schema):
+        context.note("", "draft", '"integer" keeps its draft-4 meaning (1.0 is none)')
+    return LoweredSchema(lowered, tuple(context.rewrites), strict)
 
 
 def _refs_resolve(schema: Any) -> bool:
