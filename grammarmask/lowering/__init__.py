@@ -252,7 +252,8 @@ def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
     branches = node.get("oneOf")
     if not isinstance(branches, list) or not branches:
         return
-    if disjoint.pairwise_disjoint(branches, context.root, context.draft, node):
+    overlapping = disjoint.overlapping(branches, context.root, context.draft, node)
+    if not overlapping:
         detail = "oneOf with disjoint branches -> anyOf"
     elif disjoint.object_branches_disjoint(branches, context.root, context.draft, node):
         _add_all_of(node, {"type": "object"})
@@ -261,7 +262,7 @@ def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
         rewritten = combinators.exactly_one_required(branches)
         detail = "oneOf of required sets -> anyOf, each excluding the others"
         if rewritten is None:
-            rewritten = combinators.exactly_one(branches, context.root, context.draft, node)
+            rewritten = combinators.exactly_one(branches, context.root, context.draft, overlapping)
             detail = "oneOf -> anyOf of each branch without the others"
         if rewritten is None:
             return

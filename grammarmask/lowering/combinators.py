@@ -12,7 +12,6 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from . import disjoint
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
 
 _BOUND_INVERSES = {
@@ -179,20 +178,21 @@ def exactly_one_required(branches: Sequence[Any]) -> list[Any] | None:
 
 
 def exactly_one(
-    branches: Sequence[Any], root: Any, draft: str | None, siblings: dict[str, Any]
+    branches: Sequence[Any],
+    root: Any,
+    draft: str | None,
+    overlapping: frozenset[tuple[int, int]],
 ) -> list[Any] | None:
     """`anyOf` branches for a `oneOf` whose branches may overlap: each branch with the
-    positive form of every other branch's `not` (a branch provably disjoint from it, given
-    the `oneOf`'s `siblings`, needs none). None where one of those `not`s has no positive
+    positive form of the `not` of every other branch it may overlap with (`overlapping`:
+    the pairs i < j not proved disjoint). None where one of those `not`s has no positive
     form, or where no branch is left."""
-    reading = Reading(root, draft)
-    scope = disjoint.scope_of(siblings, reading)
     negations: dict[int, Any] = {}
     rewritten = []
     for index, branch in enumerate(branches):
         excluded = []
         for other_index, other in enumerate(branches):
-            if other_index == index or disjoint.disjoint(branch, other, reading, scope):
+            if (min(index, other_index), max(index, other_index)) not in overlapping:
                 continue
             if other_index not in negations:
                 negations[other_index] = positive_not(other, root, draft)

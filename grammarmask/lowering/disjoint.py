@@ -36,13 +36,14 @@ def scope_of(node: dict[str, Any], reading: Reading) -> Scope:
     return Scope(atoms(siblings, reading), frozenset(_required(siblings)))
 
 
-def pairwise_disjoint(
+def overlapping(
     branches: Sequence[Any], root: Any, draft: str | None, siblings: dict[str, Any]
-) -> bool:
-    """No two of `branches` (lowered subschemas of `root`, written in `draft`) accept a
-    common instance that also satisfies `siblings` (the schema object holding them)."""
+) -> frozenset[tuple[int, int]]:
+    """The pairs (i < j) of `branches` (lowered subschemas of `root`, written in `draft`)
+    not proved to share no instance that also satisfies `siblings` (the schema object
+    holding them): empty when the branches are pairwise disjoint."""
     reading = Reading(root, draft)
-    return _pairwise(branches, reading, scope_of(siblings, reading))
+    return _overlapping(branches, reading, scope_of(siblings, reading))
 
 
 def object_branches_disjoint(
@@ -55,7 +56,7 @@ def object_branches_disjoint(
     if len(branches) < 2 or not all(_objects_only(resolve(b, reading)) for b in branches):
         return False
     scope = scope_of(siblings, reading)
-    return _pairwise(branches, reading, Scope(scope.atoms & {"object"}, scope.required))
+    return not _overlapping(branches, reading, Scope(scope.atoms & {"object"}, scope.required))
 
 
 _OBJECT_KEYWORDS = frozenset(
@@ -74,11 +75,14 @@ def _objects_only(node: Any) -> bool:
     return isinstance(node, dict) and bool(node) and set(node) <= _OBJECT_KEYWORDS
 
 
-def _pairwise(branches: Sequence[Any], reading: Reading, scope: Scope) -> bool:
-    return all(
-        disjoint(branches[i], branches[j], reading, scope)
+def _overlapping(
+    branches: Sequence[Any], reading: Reading, scope: Scope
+) -> frozenset[tuple[int, int]]:
+    return frozenset(
+        (i, j)
         for i in range(len(branches))
         for j in range(i + 1, len(branches))
+        if not disjoint(branches[i], branches[j], reading, scope)
     )
 
 
@@ -177,6 +181,16 @@ def _required(node: dict[str, Any]) -> list[str]:
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
+def _parts_disjoint(left: Any, right: Any, reading: Reading, depth: int) -> bool:
+    """The two schemas that one part of a common instance (a property, an item) must
+    satisfy share no instance (a side that is True, nothing known, proves nothing)."""
+    return (
+        left is not True
+        and right is not True
+        and disjoint(left, right, reading, _ANYWHERE, depth + 1)
+    )
+
+
 def _objects_disjoint(
     first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope, depth: int
 ) -> bool:
@@ -184,11 +198,8 @@ def _objects_disjoint(
     scope) must satisfy two disjoint schemas."""
     present = dict.fromkeys([*_required(first), *_required(second), *scope.required])
     for name in present:
-        left, right = _property_schema(first, name), _property_schema(second, name)
-        if (
-            left is not True
-            and right is not True
-            and disjoint(left, right, reading, _ANYWHERE, depth + 1)
+        if _parts_disjoint(
+            _property_schema(first, name), _property_schema(second, name), reading, depth
         ):
             return True
     return False
@@ -201,12 +212,7 @@ def _arrays_disjoint(
     disjoint schemas."""
     least = max(_count(first.get("minItems")), _count(second.get("minItems")))
     for index in range(least):
-        left, right = _item_schema(first, index), _item_schema(second, index)
-        if (
-            left is not True
-            and right is not True
-            and disjoint(left, right, reading, _ANYWHERE, depth + 1)
-        ):
+        if _parts_disjoint(_item_schema(first, index), _item_schema(second, index), reading, depth):
             return True
         if index >= len(_prefix(first)) and index >= len(_prefix(second)):
             break  # every later position takes the same schemas

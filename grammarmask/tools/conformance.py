@@ -26,7 +26,7 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +36,7 @@ from jsonschema.validators import validator_for
 from ..backends import Matcher
 from ..enforcement import Unenforced, iter_subschemas
 from ..grammars import resolve_pointer
-from ..lowering import drafts, lower_schema
+from ..lowering import LoweredSchema, drafts, lower_schema
 from ..resources import bundled_sample_dir, corpus_dir
 from ..vocabulary import Vocabulary
 
@@ -193,17 +193,19 @@ def feed(matcher: Matcher, token_ids: Sequence[int]) -> tuple[bool, int]:
 
 
 # ---------------------------------------------------------------------------- judging
-def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> Any:
-    """`schema` without the keywords a backend declared as not enforced (their pointers
-    are into the lowered schema, which accepts what `schema` accepts)."""
-    loose = copy.deepcopy(lower_schema(schema).schema)
+def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> LoweredSchema:
+    """`schema`, lowered, without the keywords a backend declared as not enforced (their
+    pointers are into the lowered schema, which accepts what `schema` accepts); validate
+    with its `strict_integers`."""
+    lowered = lower_schema(schema)
+    loose = copy.deepcopy(lowered.schema)
     for item in unenforced:
         node = resolve_pointer(loose, item.pointer)
         if isinstance(node, dict):
             node.pop(item.keyword, None)
             for dependent in _READ_BESIDE.get(item.keyword, ()):
                 node.pop(dependent, None)  # without it, they would refuse more, not less
-    return loose
+    return replace(lowered, schema=loose)
 
 
 _READ_BESIDE = {
@@ -249,9 +251,8 @@ def judge_invalid_accepted(schema: Any, unenforced: Sequence[Unenforced], instan
     if validates(schema, instance):
         return "unverified" if unchecked_formats(schema) else "label"
     loose = loosen(schema, unenforced)
-    strict = lower_schema(schema).strict_integers
-    if unenforced and validates(loose, instance, strict_integers=strict):
-        return "unverified" if unchecked_formats(loose) else "explained"
+    if unenforced and validates(loose.schema, instance, strict_integers=loose.strict_integers):
+        return "unverified" if unchecked_formats(loose.schema) else "explained"
     return "defect"
 
 

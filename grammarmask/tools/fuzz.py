@@ -28,7 +28,6 @@ import torch
 
 from ..backends import CompiledGrammar, Matcher, words_per_row
 from ..errors import Counterexample
-from ..lowering import lower_schema
 from ..vocabulary import Vocabulary
 from .conformance import byte_token_ids, feed, loosen, serialize, validates
 
@@ -207,7 +206,6 @@ class SchemaFuzzer:
         compiled = self.compiled[backend]
         matcher = compiled.matcher()
         loose = loosen(self.schema, compiled.unenforced) if compiled.unenforced else None
-        strict = lower_schema(self.schema).strict_integers
 
         def check(rng: random.Random) -> None:
             matcher.reset()
@@ -223,7 +221,9 @@ class SchemaFuzzer:
                 raise Counterexample(f"walk produced {raw!r}, not JSON: {exc}") from None
             if validates(self.schema, instance):
                 return
-            if loose is not None and validates(loose, instance, strict_integers=strict):
+            if loose is not None and validates(
+                loose.schema, instance, strict_integers=loose.strict_integers
+            ):
                 self.report.count(backend, "walks_declared")
                 self.report.declared.append(f"{backend}: {raw.decode('utf-8')[:200]}")
                 return
