@@ -5,7 +5,7 @@ backend (grammarmask.tools.enforcement_matrix), with the backends' versions.
 
 --append adds the tables to PATH (another environment's backend versions).
 
-outlines takes about 5 s a cell (its index build), so its column takes about 15 minutes.
+outlines builds an index for every cell, so its column takes most of the time.
 """
 
 from __future__ import annotations
