@@ -42,6 +42,13 @@ step bench_cuda "${run[@]}" -m grammarmask.tools.cli bench cuda --device cuda --
     --json "$out/bench_cuda.json"
 step bench_cpu "${run[@]}" -m grammarmask.tools.cli bench fill isolation apply overlap --repeats 10 \
     --json "$out/bench_cpu.json" --plot /tmp/grammarmask-plots
+# Model Runner V2: vLLM's CUDA wheel does not travel to the lent machine (FACTS.md), so this
+# part runs only where vLLM is importable; otherwise the log says it was not run.
+if "${run[@]}" -c "import vllm.v1.worker.gpu.sample.logits_processor" 2>/dev/null; then
+    step pytest_vllm_v2 "${run[@]}" -m pytest -q tests/vllm_engine/test_processor_v2.py
+else
+    echo "== pytest_vllm_v2: NOT RUN: vLLM is not importable on this machine" | tee -a "$log"
+fi
 tar czf "$out/plots.tgz" -C /tmp/grammarmask-plots . 2>/dev/null || true
 if [ "${1:-}" = "--full" ]; then
     step bench_fill_full "${run[@]}" -m grammarmask.tools.cli bench fill --full --repeats 10 \
