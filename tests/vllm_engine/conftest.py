@@ -7,6 +7,7 @@ These tests run in an environment of their own (vLLM pins its own versions):
 
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
@@ -55,3 +56,19 @@ def plugin_llm(make_llm: Callable[..., Any]) -> Any:
 @pytest.fixture(scope="session")
 def cases() -> list[DemoCase]:
     return bundled_cases(schemas_dir())
+
+
+@pytest.fixture
+def plugin_log() -> Iterator[list[str]]:
+    """The plugin's warnings (its failure log) while the test runs."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logger = logging.getLogger("vllm.grammarmask")
+    logger.addHandler(handler)
+    yield messages
+    logger.removeHandler(handler)

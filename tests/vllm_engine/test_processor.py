@@ -4,7 +4,6 @@ placeholder tokens) and what takes too many requests for an engine run (10,000 r
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,21 +106,6 @@ def pool_of(processor: GrammarLogitsProcessor) -> gm.MatcherPool:
     pool = processor._side.plugin.pool
     assert pool is not None
     return pool
-
-
-@pytest.fixture
-def plugin_log() -> Iterator[list[str]]:
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    handler = Collect(logging.WARNING)
-    logger = logging.getLogger("vllm.grammarmask")
-    logger.addHandler(handler)
-    yield messages
-    logger.removeHandler(handler)
 
 
 def test_validate_params_refuses_a_malformed_entry_with_its_reason() -> None:

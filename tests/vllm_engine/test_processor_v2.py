@@ -6,7 +6,6 @@ requests through recycled slots."""
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -101,21 +100,6 @@ def vocab(spec_config: VllmConfig) -> gm.Vocabulary:
     return gm.Vocabulary.from_transformers(
         AutoTokenizer.from_pretrained(spec_config.model_config.tokenizer)
     )
-
-
-@pytest.fixture
-def plugin_log() -> Iterator[list[str]]:
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    handler = Collect(logging.WARNING)
-    logger = logging.getLogger("vllm.grammarmask")
-    logger.addHandler(handler)
-    yield messages
-    logger.removeHandler(handler)
 
 
 def asking(grammar: gm.Grammar | None, max_tokens: int = 40) -> SamplingParams:
