@@ -35,6 +35,8 @@ def test_no_cell_is_unsound(compiler: gm.GrammarCompiler, backend: str) -> None:
     assert _unsound(cells) == []
     enforced = [c for c in cells if c.verdict == em.ENFORCED]
     assert enforced, f"{backend} enforces nothing: the matrix measures nothing"
+    # "enforced" by refusing everything would be no enforcement: the valid instance passes
+    assert [c for c in enforced if not c.valid_accepted] == []
 
 
 @pytest.mark.slow
