@@ -11,6 +11,15 @@ backend="auto" picks per grammar the first backend of `AUTO_ORDER` that enforces
 (nothing declared unenforced, and its compile does not refuse it); each actual backend's
 compilation is cached as if asked for by name.
 
+A compile that nobody waits for any more (its requests left, or all of them passed their
+compile timeout) is ended where its backend can end it (`Backend.stoppable`: outlines
+builds its index in a child process, killed then); such a compile is also ended when its
+memory passes `compile_memory_bytes`, and `auto` gives such a backend half of what is left
+of a request's time when another candidate remains. A compile ended at its timeout stays in
+the cache as that failure, for requests with the same or a shorter timeout: a retry would
+only burn the same seconds again. xgrammar and llguidance compiles cannot be ended; they
+run to their end (llguidance's take milliseconds).
+
 Compile threads run at a lower CPU priority (Linux nice, per thread; the threads a backend
 starts while compiling inherit it): on a busy machine a long compile takes what the mask
 fills of running requests leave, instead of stalling their steps.
@@ -22,12 +31,15 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 
 from .backends import AUTO, Backend, CompiledGrammar, auto_order, create_backend, installed_backends
+from .backends.base import CompileBudget
 from .errors import (
     CompileTimeoutError,
     GrammarError,
@@ -39,6 +51,35 @@ from .vocabulary import Vocabulary
 
 CacheKey = tuple[str, tuple[str, str, str, bool, int], str]
 _MAX_NICE = 19
+_GiB = 1 << 30
+
+
+def default_compile_memory_bytes() -> int:
+    """The memory one compile may take by default: an eighth of this machine's physical
+    memory, between 1 and 16 GiB (a medium schema's outlines index holds about 130 MB; a
+    string of 1,000 free characters about 3 GB on a 129k vocabulary)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        physical = 16 * _GiB
+    return int(min(16 * _GiB, max(_GiB, physical // 8)))
+
+
+class _Abandoned(CompileTimeoutError):
+    """A compile ended because nobody waits for it any more (never seen by a request)."""
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """Who waits for an unfinished compile: how many, until when, and (auto) the compile
+    the selection waits for now."""
+
+    key: CacheKey
+    what: str
+    waiters: int
+    deadline: float
+    limit_s: float
+    inner: Future[CompiledGrammar] | None = None
 
 
 def _lower_priority(increment: int) -> None:
@@ -55,10 +96,12 @@ def _lower_priority(increment: int) -> None:
 class GrammarCompiler:
     """Compiles grammars for one vocabulary on background threads.
 
-    `timeout_s` bounds how long `compile` waits; the compilation itself runs on and its
-    result still lands in the cache, so a retry is cheap. `backends` adds or replaces
-    backends by name (a wrapped backend, say). `nice` lowers the priority of the compile
-    threads (Linux nice increment; 0 keeps the caller's).
+    `timeout_s` is the default compile timeout: how long `compile` waits, and when a
+    compile that nobody waits for any longer is ended (see the module docstring).
+    `compile_memory_bytes` bounds one compile's memory where its backend can be ended (None:
+    `default_compile_memory_bytes()`). `backends` adds or replaces backends by name (a
+    wrapped backend, say). `nice` lowers the priority of the compile threads (Linux nice
+    increment; 0 keeps the caller's).
     """
 
     def __init__(
@@ -71,13 +114,20 @@ class GrammarCompiler:
         timeout_s: float = 60.0,
         backends: Mapping[str, Backend] | None = None,
         nice: int = 10,
+        compile_memory_bytes: int | None = None,
     ) -> None:
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, not {cache_size}")
         if cache_bytes < 1:
             raise ValueError(f"cache_bytes must be at least 1, not {cache_bytes}")
+        if compile_memory_bytes is not None and compile_memory_bytes < 1:
+            raise ValueError(f"compile_memory_bytes must be positive, not {compile_memory_bytes}")
         self.vocab = vocab
         self.timeout_s = timeout_s
+        self.compile_memory_bytes = (
+            default_compile_memory_bytes() if compile_memory_bytes is None else compile_memory_bytes
+        )
+        self._in_flight: dict[Future[CompiledGrammar], _InFlight] = {}
         self._cache_size = cache_size
         self._cache_bytes = cache_bytes
         self._cache: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
@@ -108,9 +158,18 @@ class GrammarCompiler:
         return tuple(name for name in auto_order(kind) if name in available)
 
     def submit(
-        self, grammar: Grammar, backend: str = "xgrammar", *, allow_unenforced: bool = False
+        self,
+        grammar: Grammar,
+        backend: str = "xgrammar",
+        *,
+        allow_unenforced: bool = False,
+        timeout_s: float | None = None,
     ) -> Future[CompiledGrammar]:
         """Start (or join) the compilation of `grammar`; returns at once.
+
+        The caller counts as waiting for it until `timeout_s` (default: the compiler's)
+        has passed or it calls `release`; a compile nobody waits for is ended where its
+        backend can be (see the module docstring).
 
         backend="auto" refuses (NotFullyEnforcedError, with each backend's reasons) a grammar
         that no backend enforces fully, unless `allow_unenforced`: then the backend that
@@ -123,51 +182,138 @@ class GrammarCompiler:
                 f"expected a grammarmask Grammar, not {type(grammar).__name__}; "
                 "build one with Grammar.json_schema(...), .regex(...), .ebnf(...) or .choice(...)"
             )
+        limit = self.timeout_s if timeout_s is None else timeout_s
         if backend == AUTO:
             label = "auto-allow-unenforced" if allow_unenforced else AUTO
             # an auto entry shares the compiled grammar of a named entry: it holds no bytes
             return self._cached(
                 (label, grammar.key, self.vocab.fingerprint),
+                f"{grammar.describe()} on {backend}",
+                limit,
                 self._selector,
-                lambda: self._select(grammar, allow_unenforced),
+                lambda flight: self._select(grammar, allow_unenforced, flight),
                 counted=False,
             )
         engine = self.backend(backend)
         return self._cached(
             (backend, grammar.key, self.vocab.fingerprint),
+            f"{grammar.describe()} on {backend}",
+            limit,
             self._executor,
-            lambda: engine.compile(grammar),
+            lambda flight: engine.compile_within(grammar, self._budget(flight)),
             counted=True,
+        )
+
+    def release(self, future: Future[CompiledGrammar]) -> None:
+        """The caller of `submit` no longer waits for `future` (its request left): once
+        nobody does, the compile is ended where its backend can be. Call it once per
+        `submit`, and only for a future that is not done yet (a done one is ignored)."""
+        with self._lock:
+            flight = self._in_flight.get(future)
+            if flight is None or future.done():
+                return
+            flight.waiters -= 1
+            if flight.waiters > 0:
+                return
+        self._release_inner(flight)
+
+    def _release_inner(self, flight: _InFlight) -> None:
+        """An auto selection lets go of the compile it waits for (once)."""
+        with self._lock:
+            inner, flight.inner = flight.inner, None
+        if inner is not None:
+            self.release(inner)
+
+    def _budget(self, flight: _InFlight) -> CompileBudget:
+        return CompileBudget(self.compile_memory_bytes, lambda: self._stop_reason(flight))
+
+    def _stop_reason(self, flight: _InFlight) -> CompileTimeoutError | None:
+        """Why the compile of `flight` should end now, if it should."""
+        with self._lock:
+            if flight.waiters <= 0:
+                return _Abandoned(f"compiling {flight.what}: no request waits for it; ended")
+            if time.monotonic() < flight.deadline:
+                return None
+        return CompileTimeoutError(
+            f"compiling {flight.what} took longer than {flight.limit_s:g} s; ended"
         )
 
     def _cached(
         self,
         key: CacheKey,
+        what: str,
+        limit_s: float,
         executor: ThreadPoolExecutor,
-        work: Callable[[], CompiledGrammar],
+        work: Callable[[_InFlight], CompiledGrammar],
         *,
         counted: bool,
     ) -> Future[CompiledGrammar]:
+        deadline = time.monotonic() + limit_s
         with self._lock:
             future = self._cache.get(key)
-            if future is not None and not future.cancelled():  # a cancelled one compiles anew
+            if future is not None and not self._compiles_anew(future, limit_s):
                 self._cache.move_to_end(key)
+                flight = self._in_flight.get(future)
+                if flight is not None:  # one more waiter for a compile in flight
+                    flight.waiters += 1
+                    flight.deadline = max(flight.deadline, deadline)
+                    flight.limit_s = max(flight.limit_s, limit_s)
                 return future
-            future = (
-                executor.submit(self._counting, key, work) if counted else executor.submit(work)
-            )
+            flight = _InFlight(key, what, 1, deadline, limit_s)
+            future = executor.submit(self._run, flight, work, counted)
+            self._in_flight[future] = flight
+            if future.done():  # the executor ran it before the line above (a closed one)
+                self._in_flight.pop(future, None)
             self._cache[key] = future
             self._evict()
-            return future
+        future.add_done_callback(self._landed)
+        return future
 
-    def _counting(self, key: CacheKey, work: Callable[[], CompiledGrammar]) -> CompiledGrammar:
-        """Compile, then count the bytes before anyone sees the result (failures hold none)."""
-        compiled = work()
+    @staticmethod
+    def _compiles_anew(future: Future[CompiledGrammar], limit_s: float) -> bool:
+        """A cached entry not to reuse: cancelled, or ended at a timeout shorter than the
+        one asked for now (lock held)."""
+        if future.cancelled():
+            return True
+        if not future.done():
+            return False
+        error = future.exception()
+        return (
+            isinstance(error, CompileTimeoutError)
+            and error.limit_s is not None
+            and error.limit_s < limit_s
+        )
+
+    def _landed(self, future: Future[CompiledGrammar]) -> None:
+        """A compile ended: nobody waits any more; one ended for want of waiters is dropped
+        from the cache (the next request compiles anew)."""
         with self._lock:
-            if key in self._cache and key not in self._sizes:
-                self._sizes[key] = compiled.memory_bytes
-                self._bytes += compiled.memory_bytes
-                self._evict()
+            flight = self._in_flight.pop(future, None)
+            if (
+                flight is not None
+                and isinstance(future.exception(), _Abandoned)
+                and self._cache.get(flight.key) is future
+            ):
+                del self._cache[flight.key]
+                self._bytes -= self._sizes.pop(flight.key, 0)
+
+    def _run(
+        self, flight: _InFlight, work: Callable[[_InFlight], CompiledGrammar], counted: bool
+    ) -> CompiledGrammar:
+        """Compile on an executor thread; count the bytes before anyone sees the result
+        (failures hold none); a timeout remembers the limit it was ended at."""
+        try:
+            compiled = work(flight)
+        except _Abandoned:
+            raise
+        except CompileTimeoutError as exc:
+            raise CompileTimeoutError(str(exc), flight.limit_s) from None
+        if counted:
+            with self._lock:
+                if self._cache.get(flight.key) is not None and flight.key not in self._sizes:
+                    self._sizes[flight.key] = compiled.memory_bytes
+                    self._bytes += compiled.memory_bytes
+                    self._evict()
         return compiled
 
     def _evict(self) -> None:
@@ -178,8 +324,11 @@ class GrammarCompiler:
             key, _ = self._cache.popitem(last=False)
             self._bytes -= self._sizes.pop(key, 0)
 
-    def _select(self, grammar: Grammar, allow_unenforced: bool) -> CompiledGrammar:
-        """The auto choice; runs on a selector thread and waits on cached compilations."""
+    def _select(
+        self, grammar: Grammar, allow_unenforced: bool, flight: _InFlight
+    ) -> CompiledGrammar:
+        """The auto choice; runs on a selector thread and waits on cached compilations,
+        each within what is left of the selection's own time."""
         reasons: dict[str, tuple[str, ...]] = {}
         assessed: list[tuple[str, int]] = []
         for name in self.auto_candidates(grammar.kind):
@@ -192,9 +341,16 @@ class GrammarCompiler:
                 reasons[name] = tuple(str(item) for item in unenforced)
             else:
                 assessed.append((name, len(unenforced)))
-        for name, _ in sorted(assessed, key=lambda item: item[1]):
+        ranked = [name for name, _ in sorted(assessed, key=lambda item: item[1])]
+        for place, name in enumerate(ranked):
+            stop = self._stop_reason(flight)
+            if stop is not None:
+                raise stop
+            # a backend whose compile can be ended gets half of what is left when others
+            # remain: a minutes-long index build then gives way to one that serves it now
+            share = 0.5 if self.backend(name).stoppable and place < len(ranked) - 1 else 1.0
             try:
-                return self.compile(grammar, name)
+                return self._candidate(grammar, name, flight, share)
             except GrammarError as exc:
                 reasons[name] = (str(exc),)
         ordered = {
@@ -212,6 +368,30 @@ class GrammarCompiler:
             ordered,
         )
 
+    def _candidate(
+        self, grammar: Grammar, name: str, flight: _InFlight, share: float
+    ) -> CompiledGrammar:
+        """Compile on one candidate backend for an auto selection, within `share` of what
+        is left of its time."""
+        remaining = share * max(0.0, flight.deadline - time.monotonic())
+        inner = self.submit(grammar, name, timeout_s=remaining)
+        with self._lock:
+            flight.inner = inner
+            abandoned = flight.waiters <= 0
+        if abandoned:  # released while the line above was not yet there to let go
+            self._release_inner(flight)
+        try:
+            return wait_compiled(inner, remaining)
+        except FutureTimeout:
+            self._release_inner(flight)
+            raise CompileTimeoutError(
+                f"compiling {grammar.describe()} on {name} took longer than {remaining:g} s"
+            ) from None
+        finally:
+            with self._lock:
+                if flight.inner is inner:
+                    flight.inner = None
+
     def compile(
         self,
         grammar: Grammar,
@@ -222,11 +402,11 @@ class GrammarCompiler:
     ) -> CompiledGrammar:
         """Compile and wait; raises the backend's GrammarError or CompileTimeoutError."""
         limit = self.timeout_s if timeout_s is None else timeout_s
+        future = self.submit(grammar, backend, allow_unenforced=allow_unenforced, timeout_s=limit)
         try:
-            return wait_compiled(
-                self.submit(grammar, backend, allow_unenforced=allow_unenforced), limit
-            )
+            return wait_compiled(future, limit)
         except FutureTimeout:
+            self.release(future)
             raise CompileTimeoutError(
                 f"compiling {grammar.describe()} on {backend} took longer than {limit:g} s"
             ) from None
@@ -242,9 +422,14 @@ class GrammarCompiler:
             return self._bytes
 
     def close(self) -> None:
-        """Stop the worker threads; compilations in flight are abandoned."""
+        """Stop the worker threads and the backends' compile processes; compilations in
+        flight are abandoned (those in a compile process end with it)."""
         self._selector.shutdown(wait=False, cancel_futures=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            backends = list(self._backends.values())
+        for backend in backends:
+            backend.close()
 
 
 def wait_compiled(future: Future[CompiledGrammar], timeout: float | None) -> CompiledGrammar:

@@ -48,8 +48,20 @@ class CompileError(GrammarError):
     """A backend failed while compiling a spec it should support."""
 
 
+class CompileMemoryError(CompileError):
+    """A compile that went past its memory bound (`compile_memory_bytes`) and was ended."""
+
+
 class CompileTimeoutError(GrammarError):
-    """Compilation did not finish within the allowed time."""
+    """Compilation did not finish within the allowed time; `limit_s` is that time where the
+    compile was ended at it."""
+
+    def __init__(self, message: str, limit_s: float | None = None) -> None:
+        super().__init__(message)
+        self.limit_s = limit_s
+
+    def __reduce__(self) -> tuple[type[CompileTimeoutError], tuple[str, float | None]]:
+        return type(self), (str(self), self.limit_s)
 
 
 class GrammarTooLargeError(GrammarError):

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import grammarmask as gm
+from grammarmask.backends.base import CompileBudget
 
 
 def test_second_request_for_a_slow_grammar_does_not_pay_again(qwen: gm.Vocabulary) -> None:
@@ -18,13 +19,13 @@ def test_second_request_for_a_slow_grammar_does_not_pay_again(qwen: gm.Vocabular
     compiler = gm.GrammarCompiler(qwen, timeout_s=300)
     backend = compiler.backend("outlines")
     builds: list[gm.Grammar] = []
-    real_compile = backend.compile
+    real_compile = backend.compile_within
 
-    def counted(grammar: gm.Grammar) -> gm.CompiledGrammar:
+    def counted(grammar: gm.Grammar, budget: CompileBudget) -> gm.CompiledGrammar:
         builds.append(grammar)
-        return real_compile(grammar)
+        return real_compile(grammar, budget)
 
-    backend.compile = counted  # type: ignore[method-assign]
+    backend.compile_within = counted  # type: ignore[method-assign]
     grammar = gm.Grammar.json_schema(
         {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     )
@@ -41,15 +42,18 @@ def test_second_request_for_a_slow_grammar_does_not_pay_again(qwen: gm.Vocabular
     compiler.close()
 
 
-def test_timeout_then_the_result_lands_in_the_cache(qwen: gm.Vocabulary) -> None:
+def test_a_compile_that_cannot_be_ended_lands_in_the_cache_after_its_timeout(
+    qwen: gm.Vocabulary,
+) -> None:
+    """xgrammar compiles cannot be ended: the one a timed-out caller left serves the next."""
     compiler = gm.GrammarCompiler(qwen)
     grammar = gm.Grammar.regex(r"[a-z]{1,40}@[a-z]{1,20}\.(com|org|net)")
     with pytest.raises(
-        gm.CompileTimeoutError, match=r"regex\(.*\) on outlines took longer than 0.001 s"
+        gm.CompileTimeoutError, match=r"regex\(.*\) on xgrammar took longer than 0.001 s"
     ):
-        compiler.compile(grammar, "outlines", timeout_s=0.001)
-    compiled = compiler.submit(grammar, "outlines").result(timeout=300)
-    assert compiler.compile(grammar, "outlines", timeout_s=0.001) is compiled
+        compiler.compile(grammar, "xgrammar", timeout_s=0.001)
+    compiled = compiler.submit(grammar, "xgrammar").result(timeout=300)
+    assert compiler.compile(grammar, "xgrammar", timeout_s=0.001) is compiled
     compiler.close()
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar
 import torch
 
 from ..enforcement import Unenforced
+from ..errors import GrammarError
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
 
@@ -141,10 +142,31 @@ class CompiledGrammar:
         return self._new_matcher()
 
 
+def _never_stop() -> GrammarError | None:
+    return None
+
+
+@dataclass(frozen=True)
+class CompileBudget:
+    """What one compile may spend. `stop()` returns the error to end it with once it should
+    end (past its deadline, or nobody waits for it any more), else None; `memory_bytes`
+    bounds the memory of a compile that runs in a process of its own (None: unbounded).
+    Why: a compile nobody waits for must not keep the machine's CPU and memory."""
+
+    memory_bytes: int | None = None
+    stop: Callable[[], GrammarError | None] = _never_stop
+
+
+UNBOUNDED = CompileBudget()
+
+
 class Backend(ABC):
     """A grammar engine bound to one vocabulary."""
 
     name: ClassVar[str]
+    stoppable: ClassVar[bool] = False
+    """`compile_within` ends its work when the budget says so (the compile runs in a process
+    of its own); False: a compile, once started, runs to its end."""
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
@@ -159,3 +181,12 @@ class Backend(ABC):
     @abstractmethod
     def compile(self, grammar: Grammar) -> CompiledGrammar:
         """Compile; raises a GrammarError subclass naming the problem."""
+
+    def compile_within(self, grammar: Grammar, budget: CompileBudget) -> CompiledGrammar:
+        """`compile`, ended with `budget.stop()`'s error when that gives one, or with
+        CompileMemoryError past `budget.memory_bytes`, where this backend can end its work
+        (`stoppable`); the default cannot, and compiles to the end."""
+        return self.compile(grammar)
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing outside the process
+        """End what this backend runs outside the calling process (its compile processes)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -13,7 +14,16 @@ from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
 from ..lowering import lowered
 from ..vocabulary import Vocabulary
-from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer, set_token_bits
+from .base import (
+    Backend,
+    CompileBudget,
+    CompiledGrammar,
+    Matcher,
+    fill_stop_only,
+    row_pointer,
+    set_token_bits,
+)
+from .index_process import IndexBuilder
 
 _INDEX_MEMORY_PER_SERIALIZED_BYTE = 3
 """An Index gives no size: its in-memory transition maps, measured by RSS, hold about three
@@ -76,7 +86,11 @@ class OutlinesMatcher(Matcher):
 
 
 class OutlinesBackend(Backend):
+    """`compile` builds the index in this process; `compile_within` (what GrammarCompiler
+    calls) builds it in a child process that is killed when the budget says stop."""
+
     name = "outlines"
+    stoppable = True
 
     def __init__(self, vocab: Vocabulary, *, max_rollback: int = 64) -> None:
         import outlines_core
@@ -87,7 +101,10 @@ class OutlinesBackend(Backend):
         for token_id, token in enumerate(vocab.token_bytes):
             if token:
                 by_bytes.setdefault(token, []).append(token_id)
+        self._by_bytes = by_bytes
         self._vocabulary = outlines_core.Vocabulary(vocab.stop_token_ids[0], by_bytes)
+        self._builder: IndexBuilder | None = None
+        self._builder_lock = threading.Lock()
 
     def _regex(self, grammar: Grammar) -> str:
         from outlines_core.json_schema import build_regex_from_schema
@@ -128,12 +145,40 @@ class OutlinesBackend(Backend):
             index = outlines_core.Index(regex, self._vocabulary)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise CompileError(f"outlines cannot compile {grammar.describe()}: {exc}") from None
-        elapsed = time.perf_counter() - started
+        return self._compiled(grammar, unenforced, started, index, len(pickle.dumps(index)))
+
+    def compile_within(self, grammar: Grammar, budget: CompileBudget) -> CompiledGrammar:
+        unenforced = self.unenforced(grammar)
+        regex = self._regex(grammar)
+        started = time.perf_counter()
+        built = self._index_builder().build(regex, budget, grammar.describe())
+        return self._compiled(grammar, unenforced, started, built.index, built.pickled_bytes)
+
+    def _compiled(
+        self,
+        grammar: Grammar,
+        unenforced: tuple[Unenforced, ...],
+        started: float,
+        index: Any,
+        pickled_bytes: int,
+    ) -> CompiledGrammar:
         return CompiledGrammar(
             self.name,
             grammar,
             unenforced,
-            elapsed,
+            time.perf_counter() - started,
             lambda: OutlinesMatcher(index, self.vocab, self._max_rollback),
-            memory_bytes=_INDEX_MEMORY_PER_SERIALIZED_BYTE * len(pickle.dumps(index)),
+            memory_bytes=_INDEX_MEMORY_PER_SERIALIZED_BYTE * pickled_bytes,
         )
+
+    def _index_builder(self) -> IndexBuilder:
+        with self._builder_lock:
+            if self._builder is None:
+                self._builder = IndexBuilder(self.vocab.stop_token_ids[0], self._by_bytes)
+            return self._builder
+
+    def close(self) -> None:
+        with self._builder_lock:
+            builder, self._builder = self._builder, None
+        if builder is not None:
+            builder.close()

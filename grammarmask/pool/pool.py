@@ -94,6 +94,7 @@ class MatcherPool:
         ring_slots: int = 2,
         max_drafts: int = DEFAULT_MAX_DRAFTS,
         compile_timeout_s: float = 60.0,
+        compile_memory_bytes: int | None = None,
         start_timeout_s: float = 120.0,
         compiler: GrammarCompiler | None = None,
         backend_factory: BackendFactory | None = None,
@@ -136,7 +137,13 @@ class MatcherPool:
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots, ring.host)
             try:
                 self._host = ProcessHost(
-                    vocab, self.workers, ring, compile_timeout_s, backend_factory, start_timeout_s
+                    vocab,
+                    self.workers,
+                    ring,
+                    compile_timeout_s,
+                    backend_factory,
+                    start_timeout_s,
+                    compile_memory_bytes,
                 )
             except BaseException:
                 ring.close()
@@ -149,6 +156,7 @@ class MatcherPool:
                 else GrammarCompiler(
                     vocab,
                     timeout_s=compile_timeout_s,
+                    compile_memory_bytes=compile_memory_bytes,
                     backends=backend_factory(vocab) if backend_factory is not None else None,
                 )
             )

@@ -117,6 +117,7 @@ class ProcessHost:
         compile_timeout_s: float,
         backend_factory: BackendFactory | None,
         start_timeout_s: float,
+        compile_memory_bytes: int | None = None,
     ) -> None:
         """Start the workers and wait until each is ready; raise WorkerStartError, having
         stopped them all, if one dies or fails first or takes over `start_timeout_s`."""
@@ -127,6 +128,7 @@ class ProcessHost:
         self._vocab_size = len(payload)
         self._ring = ring
         self._compile_timeout_s = compile_timeout_s
+        self._compile_memory_bytes = compile_memory_bytes
         self._factory = backend_factory
         self._stop_row = torch.zeros(1, ring.shape[2], dtype=torch.int32)
         fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
@@ -196,6 +198,7 @@ class ProcessHost:
                 self._ring.shape,
                 self._compile_timeout_s,
                 self._factory,
+                self._compile_memory_bytes,
             ),
             name=f"grammarmask-worker-{index}",
             daemon=True,

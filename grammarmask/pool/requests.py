@@ -21,7 +21,7 @@ from ..backends import CompiledGrammar, Matcher, words_per_row
 from ..backends.base import fill_stop_only
 from ..compiler import GrammarCompiler, wait_compiled
 from ..enforcement import Unenforced
-from ..errors import GrammarError, GrammarMaskError, RequestFault
+from ..errors import CompileTimeoutError, GrammarError, GrammarMaskError, RequestFault
 from ..grammars import Grammar
 from ..vocabulary import Vocabulary
 from .plan import RequestId, integer_ids, listed
@@ -126,7 +126,9 @@ class RequestTable:
             request = Request(
                 request_id,
                 grammar,
-                self._compiler.submit(grammar, backend, allow_unenforced=allow_unenforced),
+                self._compiler.submit(
+                    grammar, backend, allow_unenforced=allow_unenforced, timeout_s=timeout
+                ),
                 time.monotonic() + timeout,
                 backend=backend,
             )
@@ -141,8 +143,12 @@ class RequestTable:
             self._requests[request_id] = request
 
     def remove(self, request_id: RequestId) -> None:
+        """Forget the request; a compile it was waiting for that nobody else waits for is
+        ended (see GrammarCompiler.release)."""
         with self._lock:
-            self._requests.pop(request_id, None)
+            request = self._requests.pop(request_id, None)
+        if request is not None and request.compiled is not None:
+            self._compiler.release(request.compiled)
 
     def state(self, request_id: RequestId) -> RequestState:
         with self._lock:
@@ -199,6 +205,9 @@ class RequestTable:
                 request.fail(
                     f"grammar compilation did not finish within {self.compile_timeout_s:g} s"
                 )
+            return None
+        except CompileTimeoutError as exc:  # ended at its deadline, or cached as such
+            request.fail(f"grammar compilation did not finish in time: {exc}")
             return None
         except GrammarError as exc:
             request.fail(f"grammar error: {exc}")

@@ -51,6 +51,7 @@ def worker_main(
     shape: tuple[int, int, int],
     compile_timeout_s: float,
     backend_factory: BackendFactory | None,
+    compile_memory_bytes: int | None = None,
 ) -> None:
     """Say `Ready` (or `StartFailed`, and exit 1), then serve messages until `Close` or the
     end of the pipe, and exit at once (without joining threads a hanging matcher may still
@@ -59,7 +60,12 @@ def worker_main(
     try:
         vocab = load_vocabulary(*vocab_memory)
         backends = backend_factory(vocab) if backend_factory is not None else None
-        compiler = GrammarCompiler(vocab, timeout_s=compile_timeout_s, backends=backends)
+        compiler = GrammarCompiler(
+            vocab,
+            timeout_s=compile_timeout_s,
+            backends=backends,
+            compile_memory_bytes=compile_memory_bytes,
+        )
         table = RequestTable(vocab, compiler, compile_timeout_s)
         memory = SharedMemory(name=memory_name)
         host, progress = SharedRing.views(memory, shape)
@@ -98,6 +104,7 @@ def worker_main(
             table.remove(message.request_id)
         else:
             break
+    compiler.close()  # its compile processes end now, not at their next look at the pipe
     os._exit(0)
 
 
