@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from .backends import AUTO, Backend, CompiledGrammar, auto_order, create_backend, installed_backends
 from .backends.base import CompileBudget
 from .errors import (
+    CompileAbandonedError,
     CompileTimeoutError,
     GrammarError,
     NotFullyEnforcedError,
@@ -63,10 +64,6 @@ def default_compile_memory_bytes() -> int:
     except (AttributeError, ValueError, OSError):
         physical = 16 * _GiB
     return int(min(16 * _GiB, max(_GiB, physical // 8)))
-
-
-class _Abandoned(CompileTimeoutError):
-    """A compile ended because nobody waits for it any more (never seen by a request)."""
 
 
 @dataclass(eq=False)
@@ -228,15 +225,18 @@ class GrammarCompiler:
         return CompileBudget(self.compile_memory_bytes, lambda: self._stop_reason(flight))
 
     def _stop_reason(self, flight: _InFlight) -> CompileTimeoutError | None:
-        """Why the compile of `flight` should end now, if it should."""
+        """Why the compile of `flight` should end now, if it should: a passed deadline
+        first (cached, so the same timeout does not pay again; its waiters release at it)."""
         with self._lock:
+            if time.monotonic() >= flight.deadline:
+                return CompileTimeoutError(
+                    f"compiling {flight.what} took longer than {flight.limit_s:g} s; ended"
+                )
             if flight.waiters <= 0:
-                return _Abandoned(f"compiling {flight.what}: no request waits for it; ended")
-            if time.monotonic() < flight.deadline:
-                return None
-        return CompileTimeoutError(
-            f"compiling {flight.what} took longer than {flight.limit_s:g} s; ended"
-        )
+                return CompileAbandonedError(
+                    f"compiling {flight.what}: no request waits for it; ended"
+                )
+        return None
 
     def _cached(
         self,
@@ -291,7 +291,7 @@ class GrammarCompiler:
             flight = self._in_flight.pop(future, None)
             if (
                 flight is not None
-                and isinstance(future.exception(), _Abandoned)
+                and isinstance(future.exception(), CompileAbandonedError)
                 and self._cache.get(flight.key) is future
             ):
                 del self._cache[flight.key]
@@ -304,7 +304,7 @@ class GrammarCompiler:
         (failures hold none); a timeout remembers the limit it was ended at."""
         try:
             compiled = work(flight)
-        except _Abandoned:
+        except CompileAbandonedError:
             raise
         except CompileTimeoutError as exc:
             raise CompileTimeoutError(str(exc), flight.limit_s) from None

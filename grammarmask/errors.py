@@ -64,6 +64,11 @@ class CompileTimeoutError(GrammarError):
         return type(self), (str(self), self.limit_s)
 
 
+class CompileAbandonedError(CompileTimeoutError):
+    """Internal: a compile ended because no request waits for it any more; never kept as
+    any request's reason."""
+
+
 class GrammarTooLargeError(GrammarError):
     """A spec over a size or nesting limit (`GrammarLimits`): bounded before any backend
     spends memory, threads or Python's recursion limit on it."""
@@ -109,6 +114,11 @@ class RequestFault(GrammarMaskError):
 class WorkerGone(GrammarMaskError):
     """Internal: a worker process died or hung during a call; its requests have been
     failed, and it has been replaced."""
+
+
+class SchemaJudgeError(GrammarMaskError):
+    """jsonschema cannot judge instances of a schema (an unresolvable $ref, a pattern
+    Python's re cannot read): such a verdict is neither a pass nor a fail."""
 
 
 class Counterexample(AssertionError):

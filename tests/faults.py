@@ -101,6 +101,68 @@ def faulty_backends(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
     return backends
 
 
+MARKED = "crash"
+"""A regex grammar whose source holds this word gets a faulty matcher from the factories
+below; every other grammar is served by xgrammar as usual."""
+MARKED_AFTER_FILLS = 4
+"""The fill of a marked matcher that faults: mid-stream, after a few tokens."""
+
+
+class FaultAfterFills(FaultyMatcher):
+    """A real matcher whose MARKED_AFTER_FILLS-th fill segfaults ("segv") or raises
+    ("raise"); its other calls pass through."""
+
+    def __init__(self, inner: gm.Matcher, fault: str) -> None:
+        super().__init__(inner, fault)
+        self._fills = 0
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self._fills += 1
+        if self._fills == MARKED_AFTER_FILLS:
+            if self._fault == "raise":
+                raise RuntimeError("injected fault in fill")
+            _maybe_crash(self._fault)
+        self._inner.fill(bitmask, row)
+
+
+class MarkedFaultBackend(gm.Backend):
+    """xgrammar, whose matchers for MARKED grammars fault mid-stream (`fault`: "segv" or
+    "raise"); it takes xgrammar's name, so requests inside an engine can reach it."""
+
+    name = "xgrammar"
+
+    def __init__(self, vocab: gm.Vocabulary, fault: str) -> None:
+        super().__init__(vocab)
+        self._inner = gm.create_backend("xgrammar", vocab)
+        self._fault = fault
+
+    def unenforced(self, grammar: gm.Grammar) -> tuple[gm.Unenforced, ...]:
+        return self._inner.unenforced(grammar)
+
+    def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
+        compiled = self._inner.compile(grammar)
+        if MARKED not in grammar.source:
+            return compiled
+        return gm.CompiledGrammar(
+            self.name,
+            grammar,
+            compiled.unenforced,
+            compiled.compile_seconds,
+            lambda: FaultAfterFills(compiled.matcher(), self._fault),
+            compiled.memory_bytes,
+        )
+
+
+def segv_when_marked(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
+    """backend_factory: xgrammar, whose MARKED matchers segfault in a fill mid-stream."""
+    return {"xgrammar": MarkedFaultBackend(vocab, "segv")}
+
+
+def raise_when_marked(vocab: gm.Vocabulary) -> dict[str, gm.Backend]:
+    """backend_factory: xgrammar, whose MARKED matchers raise in a fill mid-stream."""
+    return {"xgrammar": MarkedFaultBackend(vocab, "raise")}
+
+
 def faulty_compiler(vocab: gm.Vocabulary, compile_timeout_s: float = 60.0) -> gm.GrammarCompiler:
     """A compiler with the backends of `faulty_backends`."""
     return gm.GrammarCompiler(vocab, backends=faulty_backends(vocab), timeout_s=compile_timeout_s)

@@ -270,6 +270,9 @@ CATALOGUE: tuple[Refusal, ...] = (
             lambda c: c.failed_compile(G.ebnf('root ::= "a"'), backend="outlines")),
     Refusal("compile", "compilation past the pool's timeout", FAILED,
             "grammar compilation did not finish within 0.001 s", lambda c: _timed_out(c)),
+    Refusal("compile", "compilation past the memory bound", FAILED,
+            "went past the compile memory bound (200 MiB, compile_memory_bytes); ended",
+            lambda c: _over_memory(c)),
     # ------------------------------------------------------------------ requests
     Refusal("request", "request id added twice", "GrammarMaskError",
             "request 'bystander' is already in the pool",
@@ -485,6 +488,18 @@ def _timed_out(ctx: Ctx) -> gm.RequestState:
         pool.add(request_id, G.json_schema({**OBJ, "title": request_id}))
         pool.fill([(request_id, [])])
         return pool.state(request_id)
+
+
+def _over_memory(ctx: Ctx) -> gm.RequestState:
+    """An outlines index build of gigabytes, in a pool that bounds a compile to 200 MiB."""
+    with gm.MatcherPool(
+        ctx.vocab, "outlines", compile_timeout_s=300, compile_memory_bytes=200 << 20
+    ) as pool:
+        pool.add("hungry", G.regex('"[^"\\\\]{0,1000}"'))
+        deadline = time.monotonic() + 120
+        while pool.state("hungry").readiness == "compiling" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return pool.state("hungry")
 
 
 def _resolve(name: str) -> type[BaseException]:

@@ -65,6 +65,18 @@ def test_invalid_acceptances_are_explained_only_by_declared_keywords() -> None:
     assert cf.judge_invalid_accepted(odd, (), "x") == "unverified"
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [{"$ref": "https://example.invalid/remote.json"}, {"type": "string", "pattern": "(unclosed"}],
+    ids=["unresolvable $ref", "unreadable pattern"],
+)
+def test_a_schema_jsonschema_cannot_judge_is_no_verdict(schema: dict[str, object]) -> None:
+    """Two refusals to judge are no agreement: `validates` raises, the judge says unverified."""
+    with pytest.raises(gm.GrammarMaskError, match="jsonschema cannot judge this schema"):
+        cf.validates(schema, "x")
+    assert cf.judge_invalid_accepted(schema, (), "x") == "unverified"
+
+
 def test_select_files_samples_reproducibly(tmp_path: Path) -> None:
     files = cf.select_files(SAMPLE)
     assert len(files) == 9

@@ -11,16 +11,18 @@ import copy
 import functools
 import json
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-from conftest import CORPUS, SCHEMAS
+from conftest import SCHEMAS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 import grammarmask as gm
+from grammarmask.errors import SchemaJudgeError
 from grammarmask.lowering import lower_schema
 from grammarmask.resources import bundled_sample_dir
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
@@ -519,10 +521,10 @@ def test_bundled_schemas_keep_every_verdict(path: Any) -> None:
 
 
 @pytest.mark.corpus
-def test_every_corpus_instance_keeps_its_verdict() -> None:
+def test_every_corpus_instance_keeps_its_verdict(corpus_dir: Path) -> None:
     """Every instance of every MaskBench schema: a rewrite that changes one is a bug."""
-    changed = []
-    for path in sorted(CORPUS.glob("*.json")):
+    changed, judged = [], 0
+    for path in sorted(corpus_dir.glob("*.json")):
         document = json.loads(path.read_text(encoding="utf-8"))
         schema = document.get("schema", document)
         try:
@@ -532,10 +534,15 @@ def test_every_corpus_instance_keeps_its_verdict() -> None:
         lowered = lower_schema(schema)
         strict = lowered.strict_integers
         for test in document.get("tests", []):
-            if validates(schema, test["data"]) != validates(
-                lowered.schema, test["data"], strict_integers=strict
-            ):
+            try:
+                before = validates(schema, test["data"])
+            except SchemaJudgeError:
+                continue  # nothing to keep
+            after = validates(lowered.schema, test["data"], strict_integers=strict)
+            judged += 1
+            if before != after:
                 changed.append(f"{path.stem}: {json.dumps(test['data'])[:80]}")
+    assert judged > 1000, f"only {judged} corpus instances judged in {corpus_dir}"
     assert changed == []
 
 
@@ -592,4 +599,5 @@ def test_backends_write_integers_without_a_fraction(
                         ("[1E0]", False), ("[1.5]", False), ("[1,2]", False)]:  # fmt: skip
         assert validates(schema, json.loads(text)) == valid, text
         accepted = feed(matcher, [table[b] for b in text.encode()])[0]
-        assert accepted == valid or (compiled.unenforced and not accepted), (backend, text)
+        # a declared looseness may accept an invalid text, never refuse a valid one
+        assert accepted == valid or (compiled.unenforced and accepted), (backend, text)

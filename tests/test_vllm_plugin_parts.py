@@ -114,10 +114,13 @@ def test_settings_are_read_and_checked() -> None:
                 "workers": 3,
                 "isolation": "process",
                 "compile_timeout_s": 5,
+                "compile_memory_mb": 512,
                 "allow_unenforced": True,
             }
         }
     )
+    assert settings.compile_memory_bytes == 512 << 20
+    assert PluginSettings().compile_memory_bytes is None  # the machine's default
     assert (settings.backend, settings.fill_workers, settings.isolation) == (
         "xgrammar",
         3,
@@ -139,6 +142,8 @@ def test_settings_are_read_and_checked() -> None:
         ({"compile_timeout_s": 0}, "compile_timeout_s must be positive"),
         ({"compile_timeout_s": 20, "step_timeout_s": 10}, "at least compile_timeout_s"),
         ({"autoload": "no"}, "must be a bool"),
+        ({"compile_memory_mb": -1}, "compile_memory_mb must be 0"),
+        ({"compile_memory_mb": 1.5}, "must be a int"),
     ],
 )
 def test_bad_settings_stop_the_engine_with_the_reason(raw: Any, message: str) -> None:

@@ -18,6 +18,7 @@ import copy
 import json
 import queue
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -32,9 +33,11 @@ from typing import IO, Any
 
 import jsonschema
 from jsonschema.validators import validator_for
+from referencing.exceptions import Unresolvable
 
 from ..backends import Matcher
 from ..enforcement import Unenforced, iter_subschemas
+from ..errors import SchemaJudgeError
 from ..grammars import resolve_pointer
 from ..lowering import LoweredSchema, drafts, lower_schema
 from ..resources import bundled_sample_dir, corpus_dir
@@ -221,14 +224,15 @@ exempt from them, so dropping the other alone would tighten them."""
 def validates(schema: Any, instance: Any, *, strict_integers: bool = False) -> bool:
     """jsonschema's verdict under the schema's own draft, formats checked. Formats a backend
     does not enforce are declared unenforced, so `loosen` has already removed them.
-    `strict_integers`: "integer" as draft 4 reads it (a lowered draft-4 schema)."""
+    `strict_integers`: "integer" as draft 4 reads it (a lowered draft-4 schema). Raises
+    SchemaJudgeError where jsonschema cannot judge: two such errors are no agreement."""
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     if strict_integers:
         cls = jsonschema.validators.extend(cls, type_checker=drafts.integer_type_checker(cls))
     try:
         return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance))
-    except Exception:  # an unresolvable remote $ref: jsonschema cannot judge
-        return False
+    except (Unresolvable, re.error) as exc:
+        raise SchemaJudgeError(f"jsonschema cannot judge this schema: {exc}") from exc
 
 
 def unchecked_formats(schema: Any) -> set[str]:
@@ -247,12 +251,17 @@ def unchecked_formats(schema: Any) -> set[str]:
 def judge_invalid_accepted(schema: Any, unenforced: Sequence[Unenforced], instance: Any) -> str:
     """Why a matcher accepted an instance the corpus marks invalid: `label` (jsonschema
     finds it valid after all), `explained` (declared unenforced keywords), `unverified`
-    (either, but only because jsonschema cannot check a format here) or `defect`."""
-    if validates(schema, instance):
-        return "unverified" if unchecked_formats(schema) else "label"
-    loose = loosen(schema, unenforced)
-    if unenforced and validates(loose.schema, instance, strict_integers=loose.strict_integers):
-        return "unverified" if unchecked_formats(loose.schema) else "explained"
+    (either, but only because jsonschema cannot check a format here, or cannot judge the
+    schema at all) or `defect`."""
+    try:
+        if validates(schema, instance):
+            return "unverified" if unchecked_formats(schema) else "label"
+        loose = loosen(schema, unenforced)
+        strict = loose.strict_integers
+        if unenforced and validates(loose.schema, instance, strict_integers=strict):
+            return "unverified" if unchecked_formats(loose.schema) else "explained"
+    except SchemaJudgeError:
+        return "unverified"
     return "defect"
 
 

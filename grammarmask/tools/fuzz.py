@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..backends import CompiledGrammar, Matcher, words_per_row
-from ..errors import Counterexample
+from ..errors import Counterexample, SchemaJudgeError
 from ..vocabulary import Vocabulary
 from .conformance import byte_token_ids, feed, loosen, serialize, validates
 
@@ -219,13 +219,17 @@ class SchemaFuzzer:
                 instance = _parse_json(raw.decode("utf-8"))
             except ValueError as exc:
                 raise Counterexample(f"walk produced {raw!r}, not JSON: {exc}") from None
-            if validates(self.schema, instance):
-                return
-            if loose is not None and validates(
-                loose.schema, instance, strict_integers=loose.strict_integers
-            ):
-                self.report.count(backend, "walks_declared")
-                self.report.declared.append(f"{backend}: {raw.decode('utf-8')[:200]}")
+            try:
+                if validates(self.schema, instance):
+                    return
+                if loose is not None and validates(
+                    loose.schema, instance, strict_integers=loose.strict_integers
+                ):
+                    self.report.count(backend, "walks_declared")
+                    self.report.declared.append(f"{backend}: {raw.decode('utf-8')[:200]}")
+                    return
+            except SchemaJudgeError:
+                self.report.count(backend, "walks_unjudged")  # reported, never a pass
                 return
             raise Counterexample(f"walk produced {raw.decode('utf-8')!r}, invalid for the schema")
 

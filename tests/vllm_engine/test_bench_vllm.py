@@ -16,6 +16,7 @@ def test_bench_vllm_runs_every_variant_on_the_real_engines() -> None:
         assert row.extra["ms_per_step"] > 0
         assert 0 <= row.extra["plugin_share"] < 1
         if VARIANTS[row.variant].grammar is not None:
+            assert row.extra["finished"] > 0, row  # else "none broken" says nothing
             assert row.extra["valid"] <= row.extra["finished"]
     plugin = {row.variant: row for row in rows}
     assert plugin["grammarmask auto"].extra["broken_enforced"] == 0

@@ -17,19 +17,21 @@ import grammarmask as gm
 from grammarmask.integrations.vllm import xargs
 from grammarmask.integrations.vllm._batch import BatchRows
 from grammarmask.tools.demo import DemoCase, chat_prompt, validate
+from vllm_engine.prefixes import PrefixChecker
 
 MAX_TOKENS = 256
 
 
 @dataclass
 class Case:
-    """One request of a batch: its prompt, params, and what its finished text must satisfy
-    (None: no grammar)."""
+    """One request of a batch: its prompt, params, what its finished text must satisfy
+    (None: no grammar), and the grammar an unfinished answer must be a prefix of."""
 
     name: str
     prompt: dict[str, Any]
     params: SamplingParams
     check: Callable[[str], str] | None = None
+    grammar: gm.Grammar | None = None
 
 
 def fullmatch(pattern: str) -> Callable[[str], str]:
@@ -49,7 +51,7 @@ def greedy(max_tokens: int = MAX_TOKENS, **extra: Any) -> SamplingParams:
 
 
 def constrained(name: str, prompt: str, grammar: gm.Grammar, check: Callable[[str], str]) -> Case:
-    return Case(name, {"prompt": prompt}, greedy(extra_args=xargs(grammar)), check)
+    return Case(name, {"prompt": prompt}, greedy(extra_args=xargs(grammar)), check, grammar)
 
 
 def mixed_batch(tokenizer: Any, cases: list[DemoCase]) -> list[Case]:
@@ -58,12 +60,14 @@ def mixed_batch(tokenizer: Any, cases: list[DemoCase]) -> list[Case]:
     for index, case in enumerate(cases):
         ids = {"prompt_token_ids": chat_prompt(tokenizer, case)}
         schema = case.schema
+        grammar = gm.Grammar.json_schema(schema)
         batch.append(
             Case(
                 f"schema:{case.name}",
                 ids,
-                greedy(extra_args=xargs(gm.Grammar.json_schema(schema), allow_unenforced=True)),
+                greedy(extra_args=xargs(grammar, allow_unenforced=True)),
                 lambda text, schema=schema: validate(text, schema),
+                grammar,
             )
         )
         batch.append(Case(f"plain:{case.name}", ids, greedy(24 + 16 * index)))
@@ -167,15 +171,22 @@ def test_mixed_batch_validates_and_leaves_other_requests_untouched(
     batch = mixed_batch(tokenizer, cases) + failing_requests(tokenizer, cases)
     outputs = run(plugin_llm, batch)
 
-    finished = 0
+    finished = unfinished = 0
+    prefixes = PrefixChecker(smollm2)
     for case, output in zip(batch, outputs, strict=True):
         if case.check is None:
             continue
         if output.finish_reason == "stop":
             finished += 1
             assert case.check(output.text) == "valid", (case.name, output.text)
-    constrained_count = sum(c.check is not None for c in batch)
-    assert finished >= constrained_count - 2, "most constrained requests should finish"
+        else:  # out of tokens: what it wrote must still lead to a valid answer
+            assert case.grammar is not None and output.finish_reason == "length", case.name
+            unfinished += 1
+            verdict = prefixes.tokens(case.grammar, output.token_ids)
+            assert verdict == "valid", (case.name, verdict, output.text)
+    prefixes.close()
+    assert finished + unfinished == sum(c.check is not None for c in batch)
+    assert unfinished <= 2, "most constrained requests should finish"
 
     by_name = dict(zip((c.name for c in batch), outputs, strict=True))
     refused = by_name["fails:unenforced"]

@@ -24,6 +24,7 @@ import grammarmask as gm
 from grammarmask.integrations.vllm import xargs
 from grammarmask.tools.demo import DemoCase, validate
 from vllm_engine.engines import PLUGIN
+from vllm_engine.prefixes import PrefixChecker
 
 START_TIMEOUT_S = 240
 
@@ -136,7 +137,7 @@ def streamed(stream: Any) -> tuple[str, str | None]:
 
 
 def test_concurrent_and_streaming_requests_follow_their_schemas(
-    server: Server, cases: list[DemoCase]
+    server: Server, cases: list[DemoCase], smollm2: gm.Vocabulary
 ) -> None:
     def ask(case: DemoCase) -> tuple[str, str | None]:
         grammar = gm.Grammar.json_schema(case.schema)
@@ -156,10 +157,16 @@ def test_concurrent_and_streaming_requests_follow_their_schemas(
         answers = list(threads.map(ask, cases))
     assert plain.result().choices[0].message.content
     finished = 0
+    prefixes = PrefixChecker(smollm2)
     for case, (text, finish) in zip(cases, answers, strict=True):
         if finish == "stop":
             finished += 1
             assert validate(text, case.schema) == "valid", (case.name, text)
+        else:  # out of tokens: what it wrote must still lead to a valid answer
+            assert finish == "length", (case.name, finish)
+            verdict = prefixes.text(gm.Grammar.json_schema(case.schema), text)
+            assert verdict == "valid", (case.name, verdict, text)
+    prefixes.close()
     assert finished >= len(cases) // 2  # the rest ran out of tokens
 
 

@@ -93,6 +93,7 @@ class Plugin:
             max_rows=max_rows,
             max_drafts=max_drafts,
             compile_timeout_s=settings.compile_timeout_s,
+            compile_memory_bytes=settings.compile_memory_bytes,
             log_failures=False,  # logged here, with vLLM's request ids
             allow_unenforced=settings.allow_unenforced,
         )

@@ -41,6 +41,10 @@ class PluginSettings:
     """A grammar that takes longer to compile fails its request. The batch waits for a
     compile that its prefill did not hide, so this bounds what one request can cost the
     others."""
+    compile_memory_mb: int = 0
+    """A compile that runs in a process of its own (outlines' index builds) and takes more
+    memory than this fails its request and is ended; 0: an eighth of the machine's memory,
+    between 1 and 16 GiB."""
     step_timeout_s: float = 30.0
     """A request whose mask is not ready this long after the forward ends fails alone (a
     hung matcher must not hang the engine). At least compile_timeout_s."""
@@ -87,11 +91,20 @@ class PluginSettings:
             raise SettingsError(f"workers must be 0 (automatic) or more, not {self.workers}")
         if self.compile_timeout_s <= 0:
             raise SettingsError(f"compile_timeout_s must be positive, not {self.compile_timeout_s}")
+        if self.compile_memory_mb < 0:
+            raise SettingsError(
+                f"compile_memory_mb must be 0 (automatic) or more, not {self.compile_memory_mb}"
+            )
         if self.step_timeout_s < self.compile_timeout_s:
             raise SettingsError(
                 f"step_timeout_s ({self.step_timeout_s}) must be at least compile_timeout_s "
                 f"({self.compile_timeout_s})"
             )
+
+    @property
+    def compile_memory_bytes(self) -> int | None:
+        """`compile_memory_mb` in bytes; None: the machine's default."""
+        return self.compile_memory_mb << 20 if self.compile_memory_mb else None
 
     @property
     def fill_workers(self) -> int:
