@@ -106,6 +106,11 @@ class WorkerStartError(GrammarMaskError, RuntimeError):
     before it was ready); the message says what happened and what to do."""
 
 
+class ServerStartError(GrammarMaskError, RuntimeError):
+    """vLLM's server (started by grammarmask's tools) exited or did not answer /health in
+    time; the message holds the end of its log."""
+
+
 class RequestFault(GrammarMaskError):
     """A problem that fails one request. Internal: caught where it is raised and kept as the
     request's reason, never raised to the engine."""

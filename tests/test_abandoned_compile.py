@@ -127,8 +127,8 @@ def test_a_build_past_its_memory_bound_fails_that_request_alone(
         deepseek, "outlines", workers=1, compile_timeout_s=300, compile_memory_bytes=bound
     ) as pool:
         pool.add("hungry", SLOW)
+        builds = first_build()  # the hungry build alone: the next one stays, idle, for reuse
         pool.add("small", QUICK)
-        builds = first_build()
         assert wait_until(lambda: pool.state("hungry").status == "failed", 120.0)
         reason = pool.state("hungry").reason or ""
         assert "compile memory bound (200 MiB, compile_memory_bytes)" in reason

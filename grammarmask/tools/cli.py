@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.set_defaults(run=cmd_model)
     _add_conformance_parser(commands)
     _add_fuzz_parser(commands)
+    _add_soak_parser(commands)
 
     from .bench.runner import add_parser as add_bench_parser
 
@@ -239,6 +240,93 @@ def _unknown_backends(names: Sequence[str]) -> int:
         )
         return 2
     return 0
+
+
+def _add_soak_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    soak = commands.add_parser(
+        "soak",
+        help="vLLM's OpenAI server with the plugin (process isolation) under every schema of a "
+        "corpus and adversarial grammars from concurrent clients (needs vLLM)",
+    )
+    soak.add_argument(
+        "directory",
+        nargs="?",
+        help="MaskBench-format directory (default: $GRAMMARMASK_CORPUS, "
+        "../shared/corpus/maskbench, else a bundled sample)",
+    )
+    soak.add_argument("--limit", type=int, help="only the first N schemas")
+    soak.add_argument("--sample", type=int, help="a seeded random sample of N schemas")
+    soak.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    soak.add_argument(
+        "--copies", type=int, default=1, help="each schema N times under new titles (N compiles)"
+    )
+    soak.add_argument("--clients", type=int, default=16, help="concurrent clients")
+    soak.add_argument("--max-tokens", type=int, default=24, help="tokens per answer")
+    soak.add_argument("--model", help="model folder (default: the SmolLM2 checkpoint)")
+    soak.add_argument("--log", help="where the server's log goes (default: a temporary file)")
+    soak.add_argument("--json", dest="json_out", help="write the report as JSON here")
+    soak.set_defaults(run=cmd_soak)
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    """Exit 0 when the engine lived, no answer broke its grammar and nothing failed but
+    with a 400 or a reason from the plugin; 1 otherwise, 2 for unusable arguments."""
+    import dataclasses
+    import tempfile
+
+    from tqdm import tqdm
+
+    from . import conformance as cf
+    from .soak import SETTINGS, adversarial_cases, retitled_copies, run_soak, schema_cases
+    from .vllm_server import serve
+
+    directory = Path(args.directory) if args.directory else cf.default_corpus_dir()
+    try:
+        files = cf.select_files(directory, limit=args.limit, sample=args.sample, seed=args.seed)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("error: the soak needs vLLM: bash scripts/vllm-env.sh, then run it with "
+              ".venv-vllm/bin/grammarmask soak", file=sys.stderr)  # fmt: skip
+        return 2
+    from transformers import AutoTokenizer
+
+    from ..integrations.transformers import smollm2_checkpoint
+
+    model_dir = Path(args.model) if args.model else smollm2_checkpoint()
+    vocab = Vocabulary.from_transformers(AutoTokenizer.from_pretrained(model_dir))
+    schemas = retitled_copies(schema_cases(files), max(1, args.copies))
+    cases = schemas + adversarial_cases()
+    adversarial = len(cases) - len(schemas)
+    print(
+        f"{len(schemas)} schema requests from {directory} and {adversarial} adversarial "
+        f"grammars, {args.clients} clients, {args.max_tokens} tokens each"
+    )
+    log = Path(args.log) if args.log else Path(tempfile.mkdtemp()) / "vllm.log"
+    print(f"starting vLLM (log: {log}) ...")
+    extra = ["--max-num-seqs", str(args.clients)]
+    with (
+        serve(model_dir, log, SETTINGS, extra_args=extra) as server,
+        tqdm(total=len(cases), unit="request") as bar,
+    ):
+        report, _ = run_soak(
+            server,
+            cases,
+            vocab=vocab,
+            clients=args.clients,
+            max_tokens=args.max_tokens,
+            progress=bar.update,
+        )
+    print(report.table())
+    if args.json_out:
+        Path(args.json_out).write_text(
+            json.dumps(dataclasses.asdict(report), indent=2, default=str), encoding="utf-8"
+        )
+    trouble = report.deaths or report.errors or report.broken
+    return 1 if trouble else 0
 
 
 def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,121 +4,42 @@ with process isolation, and used through the `openai` client as a serving team w
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
-import psutil
 import pytest
 
 import grammarmask as gm
 from grammarmask.integrations.vllm import xargs
+from grammarmask.resources import bundled_sample_dir, schemas_dir
 from grammarmask.tools.demo import DemoCase, validate
-from vllm_engine.engines import PLUGIN
+from grammarmask.tools.soak import adversarial_cases, retitled_copies, run_soak, schema_cases
+from grammarmask.tools.vllm_server import VllmServer, serve
 from vllm_engine.prefixes import PrefixChecker
-
-START_TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.process = process
-        self.log = log
-        self.client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120
-        )
-        self.model = ""
-
-    def plugin_log(self) -> list[str]:
-        return [
-            line
-            for line in self.log.read_text(errors="replace").splitlines()
-            if "grammarmask: request" in line
-        ]
-
-    def grammarmask_workers(self) -> list[psutil.Process]:
-        """The pool's worker processes: children of vLLM's model worker."""
-        tree = psutil.Process(self.process.pid).children(recursive=True)
-        return [child for p in tree if p.name() == "VLLM::Worker" for child in p.children()]
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
+def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("server") / "vllm.log"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["VLLM_LOGGING_LEVEL"] = "INFO"
-    settings = {"grammarmask": {"isolation": "process", "workers": 1}}
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        "2048",
-        "--enforce-eager",
-        "--max-num-seqs",
-        "8",
-        "--kv-cache-memory-bytes",
-        str(1 << 30),
-        "--logits-processors",
-        PLUGIN,
-        "--additional-config",
-        json.dumps(settings),
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
-    server = Server(process, port, log)
+    settings = {"isolation": "process", "workers": 1}
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"vllm did not start in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
-                )
-            time.sleep(1)
-        server.model = server.client.models.list().data[0].id
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        with serve(model_dir, log, settings, extra_args=["--max-num-seqs", "8"]) as running:
+            yield running
+    except gm.GrammarMaskError as exc:  # ServerStartError, with the log's end
+        pytest.fail(str(exc))
 
 
-def chat(server: Server, content: str, grammar: gm.Grammar | None, **kwargs: Any) -> Any:
+def plugin_log(server: VllmServer) -> list[str]:
+    return [f"request {rid} failed: {reason}" for rid, reason in server.plugin_failures()]
+
+
+def chat(server: VllmServer, content: str, grammar: gm.Grammar | None, **kwargs: Any) -> Any:
     extra = {"vllm_xargs": xargs(grammar)} if grammar is not None else {}
-    return server.client.chat.completions.create(
+    return server.client().chat.completions.create(
         model=server.model,
         messages=[{"role": "user", "content": content}],
         temperature=0,
@@ -137,12 +58,12 @@ def streamed(stream: Any) -> tuple[str, str | None]:
 
 
 def test_concurrent_and_streaming_requests_follow_their_schemas(
-    server: Server, cases: list[DemoCase], smollm2: gm.Vocabulary
+    server: VllmServer, cases: list[DemoCase], smollm2: gm.Vocabulary
 ) -> None:
     def ask(case: DemoCase) -> tuple[str, str | None]:
         grammar = gm.Grammar.json_schema(case.schema)
         extra = {"vllm_xargs": xargs(grammar, allow_unenforced=True)}
-        stream = server.client.chat.completions.create(
+        stream = server.client().chat.completions.create(
             model=server.model,
             messages=[{"role": "user", "content": f"{case.prompt} Answer in JSON."}],
             temperature=0,
@@ -170,12 +91,37 @@ def test_concurrent_and_streaming_requests_follow_their_schemas(
     assert finished >= len(cases) // 2  # the rest ran out of tokens
 
 
+def test_a_short_soak_keeps_the_engine_up_and_every_answer_whole(
+    server: VllmServer, smollm2: gm.Vocabulary
+) -> None:
+    """`grammarmask soak` in short: the bundled schemas, each under 6 new titles (each a
+    compile of its own), and the adversarial grammars, from 16 concurrent clients."""
+    files = sorted(bundled_sample_dir().glob("*.json")) + sorted(schemas_dir().glob("*.json"))
+    cases = retitled_copies(schema_cases(files), 6) + adversarial_cases()
+    report, answers = run_soak(server, cases, vocab=smollm2, clients=16, max_tokens=24)
+    print(report.table())
+    assert report.deaths == 0 and not report.errors, report.table()
+    assert report.broken == [], report.table()
+    by_name = {answer.case.name: answer for answer in answers}
+    for name, needle in [
+        ("adversarial:schema:150-deep", "nests deeper than"),
+        ("adversarial:ebnf:malformed", "EBNF"),
+        ("adversarial:entry:unknown-key", "unknown key 'regexp'"),
+    ]:
+        assert by_name[name].status == "400" and needle in by_name[name].detail, by_name[name]
+    assert report.verdicts["valid"] + report.verdicts["declared"] >= 10, report.verdicts
+    # a hard compile waits aside: no running answer stalls for the compile timeout (10 s)
+    assert report.longest_gap_s < 10, report.table()
+    start, _, peak = report.workers_mib
+    assert peak < start + 1536, report.table()  # bounded by the compile cache, not growing
+
+
 def test_a_malformed_grammar_gets_http_400_and_the_next_request_is_served(
-    server: Server,
+    server: VllmServer,
 ) -> None:
     bad = {"vllm_xargs": {"grammarmask": json.dumps({"json_schema": {"type": "objekt"}})}}
     with pytest.raises(openai.BadRequestError) as raised:
-        server.client.chat.completions.create(
+        server.client().chat.completions.create(
             model=server.model,
             messages=[{"role": "user", "content": "hi"}],
             max_tokens=5,
@@ -184,7 +130,7 @@ def test_a_malformed_grammar_gets_http_400_and_the_next_request_is_served(
     assert raised.value.status_code == 400
     assert "grammarmask: not a valid JSON Schema" in str(raised.value)
     with pytest.raises(openai.BadRequestError, match="unknown key 'regexp'"):
-        server.client.completions.create(
+        server.client().completions.create(
             model=server.model,
             prompt="x",
             max_tokens=5,
@@ -194,13 +140,13 @@ def test_a_malformed_grammar_gets_http_400_and_the_next_request_is_served(
     assert answer.choices[0].message.content in ("yes", "no")
 
 
-def test_a_request_whose_worker_dies_mid_generation_ends_alone(server: Server) -> None:
+def test_a_request_whose_worker_dies_mid_generation_ends_alone(server: VllmServer) -> None:
     letters = gm.Grammar.regex("[a-z ]{1,2000}")
-    before = len(server.plugin_log())
+    before = len(plugin_log(server))
     started = threading.Event()
 
     def constrained() -> tuple[str, str | None]:
-        stream = server.client.completions.create(
+        stream = server.client().completions.create(
             model=server.model,
             prompt="Write many words:",
             temperature=0,
@@ -219,7 +165,7 @@ def test_a_request_whose_worker_dies_mid_generation_ends_alone(server: Server) -
     with ThreadPoolExecutor(2) as threads:
         plain = threads.submit(
             lambda: streamed(
-                server.client.completions.create(
+                server.client().completions.create(
                     model=server.model,
                     prompt="Once upon a time",
                     temperature=0,
@@ -241,7 +187,7 @@ def test_a_request_whose_worker_dies_mid_generation_ends_alone(server: Server) -
     assert finish == "stop" and set(text) <= set("abcdefghijklmnopqrstuvwxyz ")
     assert len(text) < 1500, "the request went on after its worker died"
     assert plain_finish == "length" and plain_text
-    failures = server.plugin_log()[before:]
+    failures = plugin_log(server)[before:]
     assert len(failures) == 1 and "worker process died" in failures[0], failures
     assert "cmpl-" in failures[0]  # vLLM's request id
     after = chat(server, "Is the sky blue?", gm.Grammar.choice(["yes", "no"]), max_tokens=5)
