@@ -186,6 +186,121 @@ def _has_optional_group_ending_in_repetition(pattern: str) -> bool:
     return False
 
 
+def negated_class_excluding_quote_or_backslash(
+    node: dict[str, Any], pointer: str
+) -> Iterable[Unenforced]:
+    r"""llguidance 1.x lets the JSON escape `\"` or `\\` through a negated class that excludes
+    that character: `"a\\b"`, a string holding a backslash, passes `^[^\\]+$` (measured)."""
+    what = "a quote or a backslash"
+    yield from _negated_class_rule(node, pointer, _may_exclude_quote_or_backslash, what)
+
+
+def negated_class_excluding_non_ascii(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    r"""xgrammar 0.2.x lets a `\uXXXX` escape through a negated class that excludes that
+    non-ASCII character: `"\u00e9"` passes `^[^é]+$` (measured)."""
+    yield from _negated_class_rule(node, pointer, _may_exclude_non_ascii, "a non-ASCII character")
+
+
+def _negated_class_rule(
+    node: dict[str, Any], pointer: str, excludes: Callable[[str], bool], what: str
+) -> Iterable[Unenforced]:
+    reason = f"a negated character class that excludes {what} lets it through as a JSON escape"
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and any(map(excludes, negated_classes(pattern))):
+        yield Unenforced(pointer, "pattern", reason)
+    keys = node.get("patternProperties")
+    if isinstance(keys, dict) and any(excludes(b) for k in keys for b in negated_classes(k)):
+        yield Unenforced(pointer, "patternProperties", reason)
+
+
+def negated_classes(pattern: str) -> list[str]:
+    """The bodies of the pattern's negated character classes (`[^...]`), escapes kept."""
+    bodies, index = [], 0
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char != "[":
+            index += 1
+            continue
+        end = index + 1
+        negated = pattern[end : end + 1] == "^"
+        end += negated
+        start = end
+        while end < len(pattern) and pattern[end] != "]":
+            end += 2 if pattern[end] == "\\" else 1
+        if negated:
+            bodies.append(pattern[start:end])
+        index = end + 1
+    return bodies
+
+
+_SHORTHANDS = frozenset("sSdDwW")
+_ESCAPED = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "0": 0}
+
+
+def _class_items(body: str) -> list[tuple[int, int] | str]:
+    """A class body as code point ranges and shorthand letters (`\\s`, `\\W`, ...)."""
+    atoms: list[int | str] = []  # code points, shorthands, and "-" for a bare hyphen
+    index = 0
+    while index < len(body):
+        char = body[index]
+        if char != "\\" or index + 1 == len(body):
+            atoms.append("-" if char == "-" else ord(char))
+            index += 1
+            continue
+        escaped = body[index + 1]
+        digits = {"x": 2, "u": 4}.get(escaped, 0)
+        code = body[index + 2 : index + 2 + digits]
+        if digits and len(code) == digits and all(c in "0123456789abcdefABCDEF" for c in code):
+            atoms.append(int(code, 16))
+            index += 2 + digits
+        else:
+            atoms.append(escaped if escaped in _SHORTHANDS else _ESCAPED.get(escaped, ord(escaped)))
+            index += 2
+    items: list[tuple[int, int] | str] = []
+    position = 0
+    while position < len(atoms):
+        atom = ord("-") if atoms[position] == "-" else atoms[position]  # a bare hyphen
+        after = atoms[position + 2] if position + 2 < len(atoms) else None
+        if isinstance(atom, str):
+            items.append(atom)
+            position += 1
+        elif atoms[position + 1 : position + 2] == ["-"] and isinstance(after, int):
+            items.append((atom, after))
+            position += 3
+        else:
+            items.append((atom, atom))
+            position += 1
+    return items
+
+
+def _may_exclude_quote_or_backslash(body: str) -> bool:
+    for item in _class_items(body):
+        if isinstance(item, str):
+            if item in "SDW":  # these cover both
+                return True
+        elif any(item[0] <= code <= item[1] for code in (0x22, 0x5C)):
+            return True
+    return False
+
+
+def _may_exclude_non_ascii(body: str) -> bool:
+    return any(isinstance(item, str) or item[1] >= 0x80 for item in _class_items(body))
+
+
+def beside_ref(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar 0.2.9 and outlines-core 0.2.14 serve a schema object with `$ref` as its
+    target alone: `type`, bounds, lengths beside it go unchecked (`1.5` passes
+    `{"type": "integer", "$ref": ...}` to a number; measured). Lowering has already dropped
+    what drafts before 2019-09 ignore there, so what is left constrains."""
+    if isinstance(node.get("$ref"), str):
+        for keyword in node:
+            if keyword in VOCABULARY and keyword != "$ref":
+                yield Unenforced(pointer, keyword, "ignored beside $ref")
+
+
 def beside_any_of(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
     """xgrammar 0.2.9 and outlines-core 0.2.14 serve a schema object with `anyOf`, `oneOf`
     or `allOf` as its branches alone: the keywords beside them (type, properties, required,
@@ -214,7 +329,9 @@ XGRAMMAR_SUPPORT = KeywordSupport(
         required_outside_properties,
         length_beside_pattern_or_format,
         beside_any_of,
+        beside_ref,
         optional_group_ending_in_repetition,
+        negated_class_excluding_non_ascii,
     ),
     format_notes=(
         ("date", "is approximated: any day 01-31 passes in every month"),
@@ -228,7 +345,7 @@ multipleOf, patternProperties and propertyNames only in some shapes, so never tr
 OUTLINES_SUPPORT = KeywordSupport(
     enforced=_COMMON,
     formats=_COMMON_FORMATS,
-    rules=(required_outside_properties, pattern_beside_length, beside_any_of),
+    rules=(required_outside_properties, pattern_beside_length, beside_any_of, beside_ref),
     format_notes=(
         ("date", "is approximated: Unicode digits and day 31 in every month pass"),
         ("date-time", "is approximated: negative years, a missing offset and day 31 pass"),
@@ -246,6 +363,7 @@ LLGUIDANCE_SUPPORT = KeywordSupport(
         "maxProperties", "allOf", "oneOf", "patternProperties",
     },
     formats=_COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},
+    rules=(negated_class_excluding_quote_or_backslash,),
     format_notes=(
         ("date", "is approximated: February 29 passes in every year"),
         ("date-time", "is approximated: February 29 passes in every year"),

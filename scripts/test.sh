@@ -19,7 +19,7 @@ PINNED_SUITES=(
     tests/test_backends.py tests/test_enforcement.py tests/test_auto.py
     tests/test_compiler.py tests/test_conformance.py tests/test_fuzz.py
     tests/test_grammars.py tests/test_bad_inputs.py tests/test_transformers.py
-    tests/test_lowering.py tests/test_enforcement_matrix.py
+    tests/test_lowering.py tests/test_enforcement_matrix.py tests/test_json_escapes.py
 )
 # The worker start-up rows test grammarmask's process code, not the engines: main suite only.
 PINNED_DESELECT="not (test_refused and workers)"

@@ -15,6 +15,7 @@ from conftest import accepts_all
 
 import grammarmask as gm
 from grammarmask.lowering import lower_schema
+from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
 X, OL, LL = "xgrammar", "outlines", "llguidance"
 S = dict
@@ -380,3 +381,31 @@ def test_pattern_classes_read_as_ecma_262(
         written = json.dumps(text, ensure_ascii=False)  # a newline stays an escape
         ids = list(smollm2_tokenizer.encode(written, add_special_tokens=False))
         assert accepts_all(matcher, ids) == ecma, (backend, pattern, text)
+
+
+BESIDE_REF = [
+    ({"type": "integer", "$ref": "#/$defs/n", "$defs": {"n": {"type": "number"}}}, "1.5"),
+    ({"maximum": 5, "$ref": "#/$defs/n", "$defs": {"n": {"type": "integer"}}}, "9"),
+    (
+        {
+            "type": "object",
+            "properties": {"p": {"minLength": 3, "$ref": "#/$defs/s"}},
+            "required": ["p"],
+            "$defs": {"s": {"type": "string"}},
+        },
+        '{"p":"a"}',
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", [X, OL, LL])
+@pytest.mark.parametrize(("schema", "invalid"), BESIDE_REF)
+def test_keywords_beside_a_ref_are_enforced_or_declared(
+    smollm2_compiler: gm.GrammarCompiler, backend: str, schema: dict[str, Any], invalid: str
+) -> None:
+    """From 2019-09 on, keywords beside `$ref` apply too (a MaskBench schema found it)."""
+    assert not validates(schema, json.loads(invalid))
+    compiled = smollm2_compiler.compile(gm.Grammar.json_schema(schema), backend)
+    table = byte_token_ids(smollm2_compiler.vocab)
+    accepted = feed(compiled.matcher(), [table[b] for b in invalid.encode()])[0]
+    assert not accepted or compiled.unenforced, (backend, invalid)

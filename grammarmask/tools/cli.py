@@ -271,7 +271,6 @@ def _add_soak_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
 def cmd_soak(args: argparse.Namespace) -> int:
     """Exit 0 when the engine lived, no answer broke its grammar and nothing failed but
     with a 400 or a reason from the plugin; 1 otherwise, 2 for unusable arguments."""
-    import dataclasses
     import tempfile
 
     from tqdm import tqdm
@@ -322,9 +321,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         )
     print(report.table())
     if args.json_out:
-        Path(args.json_out).write_text(
-            json.dumps(dataclasses.asdict(report), indent=2, default=str), encoding="utf-8"
-        )
+        Path(args.json_out).write_text(json.dumps(report.to_json(), indent=2), encoding="utf-8")
     trouble = report.deaths or report.errors or report.broken
     return 1 if trouble else 0
 

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from .vllm_server import VllmServer
 
 DEFAULT_CLIENTS = 16
 DEFAULT_MAX_TOKENS = 24
-SETTINGS = {"isolation": "process", "workers": 2, "compile_timeout_s": 10.0}
+COMPILE_TIMEOUT_S = 10.0
+SETTINGS = {"isolation": "process", "workers": 2, "compile_timeout_s": COMPILE_TIMEOUT_S}
 """The plugin's settings for the soak: process isolation, the default compile timeout."""
 
 
@@ -88,6 +89,15 @@ class SoakReport:
     longest_gap_case: str = ""
     p99_gap_s: float = 0.0
     longest_first_token_s: float = 0.0
+    memory_samples: list[tuple[float, float]] = field(default_factory=list)
+    """(server, workers) MiB, one sample a second over the run."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON data (counters as objects)."""
+        return {
+            f.name: dict(value) if isinstance(value := getattr(self, f.name), Counter) else value
+            for f in fields(self)
+        }
 
     def table(self) -> str:
         rows = [
@@ -105,6 +115,7 @@ class SoakReport:
             ("served, not judged here", str(self.verdicts["not judged"])),
             ("server memory start / end / peak", _mib(self.server_mib)),
             ("workers' memory start / end / peak", _mib(self.workers_mib)),
+            ("workers' memory over the run", self._workers_over_time()),
             ("longest gap between chunks", f"{self.longest_gap_s:.2f} s ({self.longest_gap_case})"),
             ("answers' longest gap, p99", f"{self.p99_gap_s * 1e3:.0f} ms"),
             ("longest time to first token", f"{self.longest_first_token_s:.2f} s"),
@@ -125,6 +136,14 @@ class SoakReport:
         if self.broken:
             lines += ["", "broken answers:"] + [f"  {b}" for b in self.broken]
         return "\n".join(lines)
+
+    def _workers_over_time(self) -> str:
+        """Ten evenly spaced samples of the workers' memory, in MiB."""
+        series = [workers for _, workers in self.memory_samples]
+        if not series:
+            return "-"
+        picks = [series[round(i * (len(series) - 1) / 9)] for i in range(10)]
+        return " ".join(f"{value:,.0f}" for value in picks)
 
     def _finished(self) -> str:
         v = self.verdicts
@@ -347,6 +366,7 @@ def run_soak(
         seconds,
         server_mib=sampler.figures(0),
         workers_mib=sampler.figures(1),
+        memory_samples=sampler.samples,
     )
     failures = server.plugin_failures()
     for answer in answers:
@@ -363,7 +383,7 @@ def run_soak(
             "?",
         )
         report.ended_cases.append(f"{case}: {reason[:120]}")
-    _judge(answers, vocab, ended_ids, report)
+    judge_answers(answers, vocab, ended_ids, report)
     gaps = sorted(a.longest_gap_s for a in answers if a.status == "ok")
     if gaps:
         report.longest_gap_s = gaps[-1]
@@ -374,15 +394,16 @@ def run_soak(
     return report, answers
 
 
-def _judge(
+def judge_answers(
     answers: list[Answer], vocab: Vocabulary, ended_ids: set[str], report: SoakReport
 ) -> None:
     """Each served answer against its grammar, with a compiler of the soak's own (auto, as
     the requests ask): a finished JSON answer must validate (jsonschema), or fail only
     where the plugin declared a keyword unenforced; another finished answer must take the
     grammar to an end; an unfinished one (out of tokens, or ended by the plugin) must be a
-    valid prefix."""
-    compiler = GrammarCompiler(vocab, timeout_s=120)
+    valid prefix. A grammar that does not compile here within the server's compile timeout
+    is not judged (the server ended such a request too)."""
+    compiler = GrammarCompiler(vocab, timeout_s=COMPILE_TIMEOUT_S)
     byte_ids = byte_token_ids(vocab)
     try:
         for answer in answers:
@@ -394,7 +415,9 @@ def _judge(
             except GrammarError:
                 report.verdicts["not judged"] += 1
                 continue
-            ended = any(rid.startswith(answer.request_id) for rid in ended_ids)
+            ended = bool(answer.request_id) and any(
+                rid.startswith(answer.request_id) for rid in ended_ids
+            )
             try:
                 complete, accepted = feed(
                     compiled.matcher(), [byte_ids[b] for b in answer.text.encode("utf-8")]

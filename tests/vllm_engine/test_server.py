@@ -94,10 +94,10 @@ def test_concurrent_and_streaming_requests_follow_their_schemas(
 def test_a_short_soak_keeps_the_engine_up_and_every_answer_whole(
     server: VllmServer, smollm2: gm.Vocabulary
 ) -> None:
-    """`grammarmask soak` in short: the bundled schemas, each under 6 new titles (each a
+    """`grammarmask soak` in short: the bundled schemas, each under 12 new titles (each a
     compile of its own), and the adversarial grammars, from 16 concurrent clients."""
     files = sorted(bundled_sample_dir().glob("*.json")) + sorted(schemas_dir().glob("*.json"))
-    cases = retitled_copies(schema_cases(files), 6) + adversarial_cases()
+    cases = retitled_copies(schema_cases(files), 12) + adversarial_cases()
     report, answers = run_soak(server, cases, vocab=smollm2, clients=16, max_tokens=24)
     print(report.table())
     assert report.deaths == 0 and not report.errors, report.table()
