@@ -191,3 +191,16 @@ def test_a_killed_worker_takes_its_index_build_with_it(deepseek: gm.Vocabulary) 
         (worker,) = host.pids()
         psutil.Process(worker).kill()
         assert wait_until(lambda: not building(builds)), "the build outlived its worker"
+
+
+@pytest.mark.usefixtures("no_builds_left")
+def test_a_child_grown_by_a_big_build_is_not_kept_idle(smollm2: gm.Vocabulary) -> None:
+    """A build's heap stays with its process: the child is not kept for reuse then."""
+    compiler = gm.GrammarCompiler(smollm2, timeout_s=120)
+    compiler.compile(QUICK, "outlines")
+    (idle,) = building(index_builds())  # kept for the next build
+    compiler.compile(gm.Grammar.regex('"[^"\\\\]{0,200}"'), "outlines")  # ~4x its memory
+    assert wait_until(lambda: idle not in building(index_builds())), "the grown child was kept"
+    compiler.compile(gm.Grammar.regex("[a-z]{3}"), "outlines")  # a fresh child serves on
+    assert building(index_builds()) and idle not in building(index_builds())
+    compiler.close()

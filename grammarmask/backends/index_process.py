@@ -54,6 +54,8 @@ class _Child:
         self.inbox = self.process.stdin
         self.outbox = self.process.stdout
         self.ready = False
+        self.ready_bytes: int | None = None
+        """Its resident memory when it had loaded the vocabulary."""
         with contextlib.suppress(OSError):  # a child that died at once: its pipe's end says so
             write_frame(self.inbox, vocabulary)
 
@@ -64,6 +66,12 @@ class _Child:
                 return int(statm.read().split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
             return None
+
+    def grown(self) -> bool:
+        """Holds more than twice its memory at start (a big build's heap, which Python
+        does not give back): not worth keeping idle."""
+        now = self.resident_bytes()
+        return now is not None and self.ready_bytes is not None and now > 2 * self.ready_bytes
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
@@ -107,7 +115,7 @@ class IndexBuilder:
                     raise CompileError(f"outlines cannot compile {what}: {child.death()}")
                 kind, value = answer
                 if kind == "ready":
-                    child.ready = True
+                    child.ready, child.ready_bytes = True, child.resident_bytes()
                     continue
                 self._give_back(child)
                 if kind == "error":
@@ -140,9 +148,10 @@ class IndexBuilder:
             return child
 
     def _give_back(self, child: _Child) -> None:
+        """Keep a child idle for the next build, unless a big build has grown it."""
         with self._lock:
             self._busy.discard(child)
-            if not self._closed:
+            if not self._closed and not child.grown():
                 self._idle.append(child)
                 return
         child.kill()
