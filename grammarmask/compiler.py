@@ -324,11 +324,24 @@ class GrammarCompiler:
             key, _ = self._cache.popitem(last=False)
             self._bytes -= self._sizes.pop(key, 0)
 
-    def _select(
-        self, grammar: Grammar, allow_unenforced: bool, flight: _InFlight
-    ) -> CompiledGrammar:
-        """The auto choice; runs on a selector thread and waits on cached compilations,
-        each within what is left of the selection's own time."""
+    def check(self, grammar: Grammar, backend: str = AUTO, allow_unenforced: bool = False) -> None:
+        """Raise now what a compile of `grammar` on `backend` would refuse that the support
+        tables already show, without compiling: a kind the named backend cannot serve, or
+        under "auto" a grammar no installed backend enforces fully (NotFullyEnforcedError,
+        unless `allow_unenforced`). What only a compile finds (a schema a backend rejects)
+        still fails the compile. A server calls this when it admits a request."""
+        if backend != AUTO:
+            self.backend(backend).unenforced(grammar)
+            return
+        ranked, reasons = self._ranked(grammar, allow_unenforced)
+        if not ranked:
+            raise self._refusal(grammar, reasons, allow_unenforced)
+
+    def _ranked(
+        self, grammar: Grammar, allow_unenforced: bool
+    ) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+        """The auto candidates that may serve `grammar`, fewest unenforced constraints
+        first, and why each of the others may not."""
         reasons: dict[str, tuple[str, ...]] = {}
         assessed: list[tuple[str, int]] = []
         for name in self.auto_candidates(grammar.kind):
@@ -341,7 +354,33 @@ class GrammarCompiler:
                 reasons[name] = tuple(str(item) for item in unenforced)
             else:
                 assessed.append((name, len(unenforced)))
-        ranked = [name for name, _ in sorted(assessed, key=lambda item: item[1])]
+        return [name for name, _ in sorted(assessed, key=lambda item: item[1])], reasons
+
+    def _refusal(
+        self, grammar: Grammar, reasons: dict[str, tuple[str, ...]], allow_unenforced: bool
+    ) -> GrammarError:
+        """Why no candidate serves `grammar`, each backend's reasons in auto order."""
+        ordered = {
+            name: reasons[name] for name in self.auto_candidates(grammar.kind) if name in reasons
+        }
+        listed = "; ".join(f"{name}: {', '.join(why)}" for name, why in ordered.items())
+        if allow_unenforced:
+            return UnsupportedGrammarError(
+                f"no installed backend can serve {grammar.describe()}: {listed or 'none installed'}"
+            )
+        return NotFullyEnforcedError(
+            f"no installed backend enforces all of {grammar.describe()} ({listed}); "
+            "pass allow_unenforced=True to serve it with the backend that leaves out the "
+            "fewest constraints",
+            ordered,
+        )
+
+    def _select(
+        self, grammar: Grammar, allow_unenforced: bool, flight: _InFlight
+    ) -> CompiledGrammar:
+        """The auto choice; runs on a selector thread and waits on cached compilations,
+        each within what is left of the selection's own time."""
+        ranked, reasons = self._ranked(grammar, allow_unenforced)
         for place, name in enumerate(ranked):
             stop = self._stop_reason(flight)
             if stop is not None:
@@ -353,20 +392,7 @@ class GrammarCompiler:
                 return self._candidate(grammar, name, flight, share)
             except GrammarError as exc:
                 reasons[name] = (str(exc),)
-        ordered = {
-            name: reasons[name] for name in self.auto_candidates(grammar.kind) if name in reasons
-        }
-        listed = "; ".join(f"{name}: {', '.join(why)}" for name, why in ordered.items())
-        if allow_unenforced:
-            raise UnsupportedGrammarError(
-                f"no installed backend can serve {grammar.describe()}: {listed or 'none installed'}"
-            )
-        raise NotFullyEnforcedError(
-            f"no installed backend enforces all of {grammar.describe()} ({listed}); "
-            "pass allow_unenforced=True to serve it with the backend that leaves out the "
-            "fewest constraints",
-            ordered,
-        )
+        raise self._refusal(grammar, reasons, allow_unenforced)
 
     def _candidate(
         self, grammar: Grammar, name: str, flight: _InFlight, share: float

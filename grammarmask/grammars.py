@@ -15,9 +15,6 @@ from functools import cached_property
 from typing import Any, Literal
 from urllib.parse import unquote
 
-import jsonschema
-from jsonschema.validators import validator_for
-
 from .errors import (
     GrammarTooLargeError,
     InvalidChoiceError,
@@ -165,7 +162,9 @@ def _parse_schema(schema: Mapping[str, Any] | bool | str, limits: GrammarLimits)
     except (TypeError, ValueError) as exc:
         raise InvalidSchemaError(f"the schema is not plain JSON data: {exc}") from None
     _check_size("the schema", len(source.encode("utf-8", "surrogatepass")), limits)
-    validator = validator_for(parsed, default=jsonschema.Draft202012Validator)
+    import jsonschema  # here: seconds to import with its format checkers
+
+    validator = jsonschema.validators.validator_for(parsed, default=jsonschema.Draft202012Validator)
     try:
         validator.check_schema(parsed)
     except jsonschema.SchemaError as exc:

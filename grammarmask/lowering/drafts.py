@@ -11,18 +11,25 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import jsonschema
-from jsonschema.validators import validator_for
-
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
-_DRAFTS: dict[type[Any], str] = {
-    jsonschema.Draft4Validator: "draft4",
-    jsonschema.Draft6Validator: "draft6",
-    jsonschema.Draft7Validator: "draft7",
-    jsonschema.Draft201909Validator: "draft2019-09",
-    jsonschema.Draft202012Validator: "draft2020-12",
-}
+
+@functools.cache
+def _drafts() -> dict[type[Any], str]:
+    """jsonschema's validator classes by draft name (imported on first use: jsonschema
+    with its format checkers takes seconds to import, and a vLLM process that never sees
+    a schema should not pay for it)."""
+    import jsonschema
+
+    return {
+        jsonschema.Draft4Validator: "draft4",
+        jsonschema.Draft6Validator: "draft6",
+        jsonschema.Draft7Validator: "draft7",
+        jsonschema.Draft201909Validator: "draft2019-09",
+        jsonschema.Draft202012Validator: "draft2020-12",
+    }
+
+
 OLD_DRAFTS = frozenset({"draft4", "draft6", "draft7"})
 
 _KEPT_BESIDE_REF = frozenset({"definitions", "$defs"})
@@ -40,7 +47,7 @@ _COMPANIONS = {
 @functools.cache
 def known_keywords(draft: str) -> frozenset[str]:
     """The keywords a validator of `draft` applies; it ignores every other."""
-    cls = next(cls for cls, name in _DRAFTS.items() if name == draft)
+    cls = next(cls for cls, name in _drafts().items() if name == draft)
     known = set(cls.VALIDATORS)
     for keyword, companions in _COMPANIONS.items():
         if keyword in known:
@@ -54,8 +61,10 @@ def draft_of(schema: Any) -> str | None:
     """The draft jsonschema validates `schema` under (None: draft 3, left as it is)."""
     if not isinstance(schema, dict):
         return "draft2020-12"
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
-    return _DRAFTS.get(cls)
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return _drafts().get(cls)
 
 
 def convertible(schema: Any) -> bool:

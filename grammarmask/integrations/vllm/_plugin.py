@@ -181,22 +181,26 @@ class Plugin:
                 failed = by_id.get(str(pool_id))
                 if failed is not None:
                     self.report(failed, reason)
-        assert self.pool is not None
         for request in tracked:
-            if request.announced or request.refused is not None:
-                continue
-            state = self.pool.state(request.pool_id)
-            if state.status == "failed" or state.unenforced:
-                request.announced = True
-                if state.unenforced:
-                    logger.warning(
-                        "grammarmask: request %s is served by %s, which does not enforce: %s",
-                        request.label,
-                        state.backend,
-                        "; ".join(map(str, state.unenforced)),
-                    )
-            elif state.backend not in (None, "auto"):
-                request.announced = True
+            if not request.announced and request.refused is None:
+                self.announce(request)
+
+    def announce(self, request: TrackedRequest) -> None:
+        """Once its backend is known: log what of its grammar that backend leaves
+        unenforced (allow_unenforced)."""
+        assert self.pool is not None
+        state = self.pool.state(request.pool_id)
+        if state.status == "failed" or state.unenforced:
+            request.announced = True
+            if state.unenforced:
+                logger.warning(
+                    "grammarmask: request %s is served by %s, which does not enforce: %s",
+                    request.label,
+                    state.backend,
+                    "; ".join(map(str, state.unenforced)),
+                )
+        elif state.backend not in (None, "auto"):
+            request.announced = True
 
     def report(self, request: TrackedRequest, reason: str | None) -> None:
         """Log a failed request once, with vLLM's request id."""
