@@ -23,6 +23,7 @@ import psutil
 
 from ..errors import ServerStartError
 from ..integrations.vllm import PROCESSOR_PATH
+from ..integrations.vllm.structured_outputs import BACKEND_NAME
 
 START_TIMEOUT_S = 240.0
 _FAILED = re.compile(r"grammarmask: request (\S+) failed: (.*)$")
@@ -122,9 +123,11 @@ def serve(
     *,
     extra_args: Sequence[str] = (),
     start_timeout_s: float = START_TIMEOUT_S,
+    structured_outputs: bool = False,
 ) -> Iterator[VllmServer]:
-    """Start `vllm.entrypoints.openai.api_server` for `model_dir` with grammarmask named as
-    its logits processor and `settings` as its plugin settings; stop it on exit."""
+    """Start `vllm.entrypoints.openai.api_server` for `model_dir` with `settings` as
+    grammarmask's settings and grammarmask named as its logits processor, or, with
+    `structured_outputs`, as its structured-output backend; stop it on exit."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env["VLLM_LOGGING_LEVEL"] = "INFO"
@@ -145,8 +148,11 @@ def serve(
         "--enforce-eager",
         "--kv-cache-memory-bytes",
         str(1 << 30),
-        "--logits-processors",
-        PROCESSOR_PATH,
+        *(
+            ("--structured-outputs-config.backend", BACKEND_NAME)
+            if structured_outputs
+            else ("--logits-processors", PROCESSOR_PATH)
+        ),
         "--additional-config",
         json.dumps({"grammarmask": dict(settings)}),
         *extra_args,

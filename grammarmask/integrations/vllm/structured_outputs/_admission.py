@@ -41,7 +41,7 @@ def admit(params: Any, model_config: Any, tokenizer: Any, settings: PluginSettin
     except ValueError as exc:
         raise VLLMValidationError(str(exc)) from None
     try:
-        spec = structured_spec(kind.name, text, params.extra_args)
+        spec = structured_spec(kind.name, text, params.extra_args, settings.allow_unenforced)
         backend = spec.backend or settings.backend
         loose = spec.allow_unenforced
         if loose is None:

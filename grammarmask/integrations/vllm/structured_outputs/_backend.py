@@ -167,7 +167,7 @@ class GrammarmaskBackend(StructuredOutputBackend):
     def _compile(
         self, kind: str, text: str, extra_args: Mapping[str, Any] | None, label: str
     ) -> GrammarmaskGrammar:
-        spec = structured_spec(kind, text, extra_args)
+        spec = structured_spec(kind, text, extra_args, self.settings.allow_unenforced)
         pool_id = self.next_pool_id()
         tracked = TrackedRequest(pool_id, label or pool_id)
         grammar = GrammarmaskGrammar(self, tracked, spec)

@@ -61,7 +61,8 @@ def _accept_backend_name(config_class: Any, untested: str | None) -> None:
     from pydantic.dataclasses import rebuild_dataclass
 
     field = config_class.__dataclass_fields__["backend"]
-    widened = Literal[get_args(field.type) + (BACKEND_NAME,)]  # type: ignore[valid-type]
+    names = (*get_args(field.type), BACKEND_NAME)
+    widened = Literal[names]  # type: ignore[valid-type]
     field.type = widened
     config_class.__annotations__["backend"] = widened
     inherited = config_class.__dict__.get("__post_init__")

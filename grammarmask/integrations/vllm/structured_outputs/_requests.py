@@ -10,10 +10,11 @@ structural tag. Options of grammarmask's own (`backend`, `allow_unenforced`, `wh
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ....errors import InvalidEBNFError, RequestSpecError
+from ....enforcement import XGRAMMAR_SUPPORT, find_unenforced
+from ....errors import InvalidEBNFError, NotFullyEnforcedError, RequestSpecError
 from .._spec import GRAMMAR_KEYS, RequestSpec, parse_entry
 
 BACKEND_NAME = "grammarmask"
@@ -27,10 +28,13 @@ JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 """What `response_format={"type": "json_object"}` asks for: any JSON object."""
 
 
-def structured_spec(kind: str, text: str, extra_args: Mapping[str, Any] | None) -> RequestSpec:
+def structured_spec(
+    kind: str, text: str, extra_args: Mapping[str, Any] | None, allow_unenforced: bool
+) -> RequestSpec:
     """The grammarmask request for vLLM's `(kind, text)` (kind: the name of a
-    `StructuredOutputOptions` member) and the request's options. Raises a GrammarError
-    naming the problem (vLLM answers it with HTTP 400)."""
+    `StructuredOutputOptions` member) and the request's options (`allow_unenforced`: the
+    engine's default). Raises a GrammarError naming the problem (vLLM answers it with HTTP
+    400)."""
     entry = dict(_options(extra_args))
     if kind == "JSON":
         entry["json_schema"] = text
@@ -43,11 +47,8 @@ def structured_spec(kind: str, text: str, extra_args: Mapping[str, Any] | None) 
     elif kind == "GRAMMAR":
         entry["ebnf"] = _as_ebnf(text)
     elif kind == "STRUCTURAL_TAG":
-        raise RequestSpecError(
-            "grammarmask's structured-output backend does not serve structural tags; "
-            "send the tool's parameters as a JSON schema (tool_choice 'required' or a named "
-            "function), or serve this request with vLLM's xgrammar backend"
-        )
+        loose = entry.get("allow_unenforced")
+        entry["ebnf"] = _tag_as_ebnf(text, allow_unenforced if loose is None else bool(loose))
     else:
         raise RequestSpecError(f"unknown structured-output kind {kind!r}")
     return parse_entry(entry)
@@ -99,3 +100,43 @@ def _as_ebnf(text: str) -> str:
         return str(xgrammar.Grammar.from_lark(text))
     except (RuntimeError, ValueError) as exc:
         raise InvalidEBNFError(f"invalid Lark grammar: {str(exc).splitlines()[0]}") from None
+
+
+def _tag_as_ebnf(text: str, allow_unenforced: bool) -> str:
+    """A structural tag (xgrammar's format, which vLLM's tool parsers build for tool calls)
+    as EBNF, through xgrammar's reader. xgrammar turns the tag's JSON schemas into rules, so
+    what xgrammar does not enforce of them is refused (NotFullyEnforcedError) unless
+    `allow_unenforced`, as for a schema."""
+    import xgrammar
+
+    try:
+        tag = json.loads(text)
+        ebnf = str(xgrammar.Grammar.from_structural_tag(text))
+    except (json.JSONDecodeError, RuntimeError, ValueError, TypeError) as exc:
+        raise InvalidEBNFError(f"invalid structural tag: {str(exc).splitlines()[0]}") from None
+    if not allow_unenforced:
+        loose = [
+            f"{item} (schema at {path})"
+            for path, schema in _tag_schemas(tag, "")
+            for item in find_unenforced(schema, XGRAMMAR_SUPPORT)
+        ]
+        if loose:
+            raise NotFullyEnforcedError(
+                "the structural tag's JSON schemas are compiled by xgrammar, which does not "
+                f"enforce: {'; '.join(loose)}; pass allow_unenforced to serve it anyway",
+                {"xgrammar": tuple(loose)},
+            )
+    return ebnf
+
+
+def _tag_schemas(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(where, schema) for each JSON schema inside a structural tag."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            yield path, node["json_schema"]
+            return
+        for key, value in node.items():
+            yield from _tag_schemas(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _tag_schemas(value, f"{path}/{index}")

@@ -1,0 +1,272 @@
+"""grammarmask as vLLM's structured-output backend (`--structured-outputs-config.backend
+grammarmask`), through the real OpenAI server and an unmodified `openai` client:
+`response_format`, `chat.completions.parse`, tool calls, bad input, and ngram speculative
+decoding."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import pydantic
+import pytest
+
+import grammarmask as gm
+from grammarmask.resources import bundled_sample_dir
+from grammarmask.tools.demo import DemoCase, validate
+from grammarmask.tools.vllm_server import VllmServer, serve
+from vllm_engine.prefixes import PrefixChecker
+
+DATA = Path(__file__).parent / "data"
+TOOLS_TEMPLATE = DATA / "smollm2_tools.jinja"
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+
+NOT_RED = {
+    "type": "object",
+    "properties": {
+        "color": {"type": "string", "enum": ["red", "green", "blue"], "not": {"const": "red"}}
+    },
+    "required": ["color"],
+    "additionalProperties": False,
+}
+"""vLLM's own auto backend serves this with xgrammar, which ignores `not`; grammarmask's
+auto picks a backend that enforces it."""
+
+UNIQUE = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2}
+"""No installed backend enforces uniqueItems: refused under auto."""
+
+
+def _server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, *extra: str
+) -> Iterator[VllmServer]:
+    log = tmp_path_factory.mktemp("so-server") / "vllm.log"
+    args = ["--max-num-seqs", "8", *extra]
+    try:
+        with serve(model_dir, log, {"workers": 1}, extra_args=args, structured_outputs=True) as s:
+            yield s
+    except gm.GrammarMaskError as exc:  # ServerStartError, with the log's end
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    tools = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+    yield from _server(model_dir, tmp_path_factory, "--chat-template", str(TOOLS_TEMPLATE), *tools)
+
+
+@pytest.fixture(scope="module")
+def schema_cases(cases: list[DemoCase]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, prompt, schema): the bundled schemas and the bundled MaskBench sample."""
+    found = [(case.name, f"{case.prompt} Answer in JSON.", case.schema) for case in cases]
+    for path in sorted(bundled_sample_dir().glob("*.json")):
+        schema = json.loads(path.read_text())["schema"]
+        found.append((path.stem, "Write one example of this JSON.", schema))
+    return found
+
+
+def ask(server: VllmServer, prompt: str, **kwargs: Any) -> Any:
+    return server.client().chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        **kwargs,
+    )
+
+
+def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": name[:60], "schema": schema}}
+
+
+def test_response_format_json_schema_answers_validate(
+    server: VllmServer, schema_cases: list[tuple[str, str, dict[str, Any]]], smollm2: gm.Vocabulary
+) -> None:
+    def one(case: tuple[str, str, dict[str, Any]]) -> tuple[str, str | None, str | None]:
+        name, prompt, schema = case
+        try:
+            reply = ask(
+                server, prompt, max_tokens=160, response_format=json_schema_format(name, schema)
+            )
+        except openai.BadRequestError as exc:
+            return "", None, str(exc)
+        choice = reply.choices[0]
+        return choice.message.content or "", choice.finish_reason, None
+
+    with ThreadPoolExecutor(8) as threads:
+        answers = list(threads.map(one, schema_cases))
+    prefixes = PrefixChecker(smollm2)
+    finished = refused = 0
+    for (name, _, schema), (text, finish, error) in zip(schema_cases, answers, strict=True):
+        if error is not None:  # only for what no backend enforces, with the reason
+            refused += 1
+            assert "grammarmask" in error and "enforce" in error, (name, error)
+        elif finish == "stop":
+            finished += 1
+            assert validate(text, schema) == "valid", (name, text)
+        else:
+            grammar = gm.Grammar.json_schema(schema)
+            assert prefixes.text(grammar, text) == "valid", (name, text)
+    assert finished >= len(schema_cases) // 3, answers
+    assert refused <= 2, answers
+
+
+def test_json_object_and_parse_with_a_pydantic_model(server: VllmServer) -> None:
+    reply = ask(
+        server, "Describe a cat as JSON.", max_tokens=80, response_format={"type": "json_object"}
+    )
+    choice = reply.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:
+        assert choice.message.content.startswith("{")
+
+    class City(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        population: int = pydantic.Field(ge=0)
+        capital: bool
+
+    parsed = server.client().chat.completions.parse(
+        model=server.model,
+        messages=[{"role": "user", "content": "Paris as JSON: name, population, capital."}],
+        temperature=0,
+        max_tokens=80,
+        response_format=City,
+    )
+    city = parsed.choices[0].message.parsed
+    assert isinstance(city, City), parsed.choices[0].message.content
+    assert len(city.name) <= 20 and city.population >= 0
+
+
+def _bfcl_tools() -> list[tuple[dict[str, Any], str]]:
+    """(strict tool, the user's question) from the bundled BFCL cases: each case's schema
+    is one object per function ({name: parameters}), or an anyOf of them. vLLM constrains
+    the arguments of strict tools only."""
+    found = []
+    for path in sorted((DATA / "bfcl").glob("*.json")):
+        schema = json.loads(path.read_text())["schema"]
+        for branch in schema.get("anyOf", [schema]):
+            for name, parameters in branch["properties"].items():
+                function = {
+                    "name": name.replace(".", "_"),
+                    "parameters": parameters,
+                    "strict": True,
+                }
+                question = f"Call {function['name']} with sensible arguments."
+                found.append(({"type": "function", "function": function}, question))
+    return found
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_tool_calls_parse_and_their_arguments_validate(server: VllmServer, choice: str) -> None:
+    tools = _bfcl_tools()
+    assert len(tools) >= 4
+    every_tool = [tool for tool, _ in tools]
+    calls = 0
+    for tool, question in tools:
+        name = tool["function"]["name"]
+        tool_choice: Any = (
+            "required" if choice == "required" else {"type": "function", "function": {"name": name}}
+        )
+        reply = ask(
+            server,
+            question,
+            max_tokens=200,
+            tools=every_tool if choice == "required" else [tool],
+            tool_choice=tool_choice,
+        )
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason in ("stop", "tool_calls"), message
+        assert message.tool_calls, message
+        by_name = {t["function"]["name"]: t["function"]["parameters"] for t in every_tool}
+        for call in message.tool_calls:
+            calls += 1
+            assert call.function.name in by_name
+            if choice == "named":
+                assert call.function.name == name
+            arguments = call.function.arguments
+            assert validate(arguments, by_name[call.function.name]) == "valid", arguments
+    assert calls >= len(tools)
+
+
+def test_a_schema_vllm_serves_loosely_gets_only_valid_answers(server: VllmServer) -> None:
+    prompts = ["What color is a fire truck? Answer in JSON.", "Pick a color, as JSON."]
+    for prompt in prompts:
+        reply = ask(
+            server, prompt, max_tokens=40, response_format=json_schema_format("color", NOT_RED)
+        )
+        assert validate(reply.choices[0].message.content, NOT_RED) == "valid"
+
+
+def test_bad_requests_get_their_400_and_the_next_is_served(server: VllmServer) -> None:
+    bad = [
+        ({"type": "object", "properties": {"a": {"type": "nonsense"}}}, "not a valid JSON Schema"),
+        (UNIQUE, "uniqueItems"),
+    ]
+    for schema, reason in bad:
+        with pytest.raises(openai.BadRequestError) as refused:
+            ask(server, "Anything.", max_tokens=20, response_format=json_schema_format("x", schema))
+        assert reason in str(refused.value) and "grammarmask" in str(refused.value)
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(
+            server,
+            "Anything.",
+            max_tokens=20,
+            extra_body={"structured_outputs": {"regex": "(unclosed"}},
+        )
+    assert "grammarmask" in str(refused.value)
+    loose = ask(
+        server,
+        "Two numbers as a JSON list.",
+        max_tokens=30,
+        response_format=json_schema_format("list", UNIQUE),
+        extra_body={"vllm_xargs": {"grammarmask_options": json.dumps({"allow_unenforced": True})}},
+    )
+    assert loose.choices[0].message.content.startswith("[")
+    choice = {"structured_outputs": {"choice": ["yes", "no"]}}
+    served = ask(server, "Pick one.", max_tokens=10, extra_body=choice)
+    assert served.choices[0].message.content in ("yes", "no")
+    assert server.healthy()
+
+
+def test_ngram_speculation_keeps_answers_valid_and_greedy_answers_equal(
+    server: VllmServer,
+    model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    schema_cases: list[tuple[str, str, dict[str, Any]]],
+) -> None:
+    chosen = schema_cases[:6]
+
+    def answers(target: VllmServer) -> list[tuple[str, str | None]]:
+        def one(case: tuple[str, str, dict[str, Any]]) -> tuple[str, str | None]:
+            name, prompt, schema = case
+            reply = ask(
+                target, prompt, max_tokens=96, response_format=json_schema_format(name, schema)
+            )
+            return reply.choices[0].message.content or "", reply.choices[0].finish_reason
+
+        return [one(case) for case in chosen]  # one at a time: the same batches both ways
+
+    plain = answers(server)
+    speculative_server = _server(
+        model_dir, tmp_path_factory, "--speculative-config", json.dumps(NGRAM)
+    )
+    speculative_running = next(speculative_server)
+    try:
+        speculative = answers(speculative_running)
+        log = "\n".join(speculative_running.log_lines())
+    finally:
+        speculative_server.close()
+    assert "ngram" in log.lower()
+    for (name, _, schema), (text, finish) in zip(chosen, speculative, strict=True):
+        if finish == "stop":
+            assert validate(text, schema) == "valid", (name, text)
+    same = sum(a == b for a, b in zip(plain, speculative, strict=True))
+    assert same == len(chosen), list(zip(plain, speculative, strict=True))
