@@ -48,8 +48,9 @@ class GrammarmaskGrammar(StructuredOutputGrammar):
 
     vLLM's own per-token draft loop is replaced by `step_bitmask`; the per-request methods
     stay exact for any other caller: `validate_tokens` fills the request's draft rows once
-    and reads how many the grammar allows, `rollback` replays the history without its last
-    tokens on a fresh matcher (the pool never undoes a commit)."""
+    and reads how many the grammar allows; `rollback`, and a refused `accept_tokens`, replay
+    the history that stays on a fresh matcher (the pool never undoes a commit, and fails a
+    request given a token its grammar forbids)."""
 
     def __init__(self, backend: GrammarmaskBackend, request: TrackedRequest, spec: Any) -> None:
         self._backend = backend
@@ -64,12 +65,17 @@ class GrammarmaskGrammar(StructuredOutputGrammar):
         return self.request.pool_id
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        """Commit `tokens`; False, with the matcher as it was, when the grammar refuses one
+        (as vLLM's backends do). A request that had failed before stays failed."""
         self.request.label = request_id
         if not tokens:
             return True
+        if self._pool.state(self.pool_id).status == "failed":
+            return False
         state = self._pool.commit(self.pool_id, tokens)
         if state.status == "failed":
             self._backend.plugin.report(self.request, state.reason)
+            self._restart(self._history)
             return False
         self._history.extend(tokens)
         return True

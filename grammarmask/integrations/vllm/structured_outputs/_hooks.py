@@ -22,7 +22,7 @@ import importlib.machinery
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_type_hints
 
 from ....errors import GrammarError
 from .._settings import PluginSettings
@@ -40,7 +40,7 @@ def install() -> None:
     import vllm
     from vllm.config import StructuredOutputsConfig
 
-    if BACKEND_NAME in get_args(StructuredOutputsConfig.__dataclass_fields__["backend"].type):
+    if BACKEND_NAME in get_args(get_type_hints(StructuredOutputsConfig)["backend"]):
         return
     tested = vllm.__version__.startswith(TESTED_VLLM)
     _accept_backend_name(StructuredOutputsConfig, None if tested else vllm.__version__)
@@ -61,7 +61,7 @@ def _accept_backend_name(config_class: Any, untested: str | None) -> None:
     from pydantic.dataclasses import rebuild_dataclass
 
     field = config_class.__dataclass_fields__["backend"]
-    names = (*get_args(field.type), BACKEND_NAME)
+    names = (*get_args(get_type_hints(config_class)["backend"]), BACKEND_NAME)
     widened = Literal[names]  # type: ignore[valid-type]
     field.type = widened
     config_class.__annotations__["backend"] = widened
@@ -82,6 +82,9 @@ def _accept_backend_name(config_class: Any, untested: str | None) -> None:
     del config_class.__pydantic_fields__
     config_class.__pydantic_complete__ = False
     rebuild_dataclass(config_class, force=True)
+    from vllm.config import VllmConfig  # validates the field from a dict: rebuilt too
+
+    rebuild_dataclass(VllmConfig, force=True)
 
 
 def chosen(structured_outputs_config: Any) -> bool:
