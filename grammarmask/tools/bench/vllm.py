@@ -1,22 +1,25 @@
 """Scenario `vllm`: grammarmask inside vLLM next to vLLM's own structured outputs, on one
 model, with the same prompts and schemas, interleaved round by round.
 
-vLLM serves one structured-output backend per engine, so the run holds three engines in this
-process at once: grammarmask named and vLLM's structured outputs on xgrammar; grammarmask
-named and them on guidance; and one without grammarmask (its entry point switched off).
-Each timed round runs every variant once, in a random order, on a batch of every request,
-each generating exactly SPEED_TOKENS tokens (equal work). Per variant: output tokens/s, ms
-per engine step, the share of the engine's thread spent in the plugin (`update_state` and
-`apply`, whose wait is what the forward did not hide) and the longest `apply` (a grammar's
-first compile). Then one untimed run per variant with room to finish says how many finished
-outputs validate against their schema. vLLM needs its own environment
-(`scripts/vllm-env.sh`); run this there.
+vLLM serves one structured-output backend per engine, so the run holds six engines in this
+process at once: grammarmask named as logits processor with vLLM's structured outputs on
+xgrammar, and on guidance; one without grammarmask (its entry point switched off);
+grammarmask as the structured-output backend; and, with ngram speculative decoding (3
+drafts), vLLM's xgrammar backend and grammarmask's. Each timed round runs every variant
+once, in a random order, on a batch of every request, each generating exactly SPEED_TOKENS
+tokens (equal work). Per variant: output tokens/s, ms per engine step, the share of the
+engine's thread spent in the logits processor (`update_state` and `apply`, whose wait is
+what the forward did not hide) and in vLLM's structured-output manager (the bitmask fill,
+accepting tokens, validating drafts), and the longest `apply`. Then one untimed run per
+variant with room to finish says how many finished outputs validate against their schema.
+vLLM needs its own environment (`scripts/vllm-env.sh`); run this there.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +36,15 @@ TARGETS = {
     "plugin loaded, no grammar": Target(">=", 0.99),
     "grammarmask auto": Target(">=", 1.0),
     "grammarmask xgrammar": Target(">=", 1.0),
+    "grammarmask backend": Target(">=", 1.0),
+    "grammarmask backend, ngram": Target(">=", 1.0),
+}
+
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
 }
 
 SPEED_TOKENS = 24
@@ -41,7 +53,7 @@ SPEED_TOKENS = 24
 (a variant whose requests finished sooner would run smaller batches)."""
 CHECK_TOKENS = 256
 """Tokens per request in the one untimed run per variant whose finished outputs are
-validated against their schemas."""
+validated against their schemas (a third of it on the tiny size: some still finish)."""
 
 POINT = "SmolLM2-135M, {requests} requests, bundled schemas"
 
@@ -50,22 +62,56 @@ BUILTIN = "builtin"
 
 @dataclass(frozen=True)
 class Variant:
-    """How a variant's requests ask for their schema, and on which engine."""
+    """How a variant's requests ask for their schema, on which engine, compared to what."""
 
     engine: str
-    """"xgrammar" or "guidance" (vLLM's structured-output backend of the engine), "plain"."""
+    """A key of ENGINES."""
     grammar: str | None
-    """None: no constraint; BUILTIN: vLLM's structured outputs; else grammarmask's backend."""
+    """None: no constraint; BUILTIN: vLLM's structured outputs (on the engine's backend);
+    else the backend grammarmask's logits processor uses."""
+    baseline: str = "vLLM xgrammar"
+
+    @property
+    def by_grammarmask(self) -> bool:
+        """grammarmask serves its grammars (as logits processor or as backend)."""
+        return self.grammar not in (None, BUILTIN) or self.engine.startswith("grammarmask")
 
 
 VARIANTS = {
-    "no plugin, no grammar": Variant("plain", None),
-    "plugin loaded, no grammar": Variant("xgrammar", None),
+    "no plugin, no grammar": Variant("plain", None, "no plugin, no grammar"),
+    "plugin loaded, no grammar": Variant("xgrammar", None, "no plugin, no grammar"),
     "vLLM xgrammar": Variant("xgrammar", BUILTIN),
     "vLLM guidance": Variant("guidance", BUILTIN),
     "grammarmask auto": Variant("xgrammar", "auto"),
     "grammarmask xgrammar": Variant("xgrammar", "xgrammar"),
+    "grammarmask backend": Variant("grammarmask", BUILTIN),
+    "vLLM xgrammar, ngram": Variant("xgrammar-ngram", BUILTIN, "vLLM xgrammar, ngram"),
+    "grammarmask backend, ngram": Variant("grammarmask-ngram", BUILTIN, "vLLM xgrammar, ngram"),
 }
+
+
+def _engines(plugin: list[str]) -> dict[str, dict[str, Any]]:
+    """Each engine's `vllm.LLM` arguments beyond the common ones."""
+    return {
+        "xgrammar": {
+            "logits_processors": plugin,
+            "structured_outputs_config": {"backend": "xgrammar"},
+        },
+        "guidance": {
+            "logits_processors": plugin,
+            "structured_outputs_config": {"backend": "guidance"},
+        },
+        "plain": {"additional_config": {"grammarmask": {"autoload": False}}},
+        "grammarmask": {"structured_outputs_config": {"backend": "grammarmask"}},
+        "xgrammar-ngram": {
+            "structured_outputs_config": {"backend": "xgrammar"},
+            "speculative_config": NGRAM,
+        },
+        "grammarmask-ngram": {
+            "structured_outputs_config": {"backend": "grammarmask"},
+            "speculative_config": NGRAM,
+        },
+    }
 
 
 @dataclass
@@ -74,6 +120,7 @@ class _Run:
     tokens: int
     steps: int
     plugin_seconds: float
+    structured_seconds: float
     applies: list[float]
     completions: list[Any]
     finished: int = 0
@@ -83,22 +130,48 @@ class _Run:
 
 @dataclass
 class _PluginTimer:
-    """Seconds inside the plugin's `update_state` and `apply` (wrapped on the class: the
-    engines run in this process)."""
+    """Seconds inside the logits processor's `update_state` and `apply`, and inside vLLM's
+    structured-output manager (wrapped on the classes: the engines run in this process)."""
 
     total: float = 0.0
+    structured: float = 0.0
     applies: list[float] = field(default_factory=list)
     updates: dict[int, int] = field(default_factory=dict)
     """Calls of `update_state` per processor: the engine's model steps (vLLM calls it
     before each forward; an engine can hold a second, idle instance)."""
+    schedules: int = 0
+    """Steps with structured-output requests (`grammar_bitmask` calls)."""
 
     def reset(self) -> None:
-        self.total, self.applies, self.updates = 0.0, [], {}
+        self.total, self.structured, self.applies, self.updates = 0.0, 0.0, [], {}
+        self.schedules = 0
 
     @contextmanager
     def installed(self) -> Iterator[None]:
+        from vllm.v1.structured_output import StructuredOutputManager
+
         from ...integrations.vllm import GrammarLogitsProcessor
 
+        manager_methods = ("grammar_bitmask", "accept_tokens", "validate_tokens")
+        manager_originals = {
+            name: getattr(StructuredOutputManager, name) for name in manager_methods
+        }
+
+        def manager_timed(name: str) -> Callable[..., Any]:
+            method = manager_originals[name]
+
+            def wrapper(manager: Any, *args: Any) -> Any:
+                self.schedules += name == "grammar_bitmask"
+                started = time.perf_counter()
+                try:
+                    return method(manager, *args)
+                finally:
+                    self.structured += time.perf_counter() - started
+
+            return wrapper
+
+        for name in manager_methods:
+            setattr(StructuredOutputManager, name, manager_timed(name))
         originals = GrammarLogitsProcessor.update_state, GrammarLogitsProcessor.apply
 
         def timed(method: Callable[..., Any], is_apply: bool) -> Callable[..., Any]:
@@ -122,6 +195,8 @@ class _PluginTimer:
             yield
         finally:
             GrammarLogitsProcessor.update_state, GrammarLogitsProcessor.apply = originals  # type: ignore[method-assign]
+            for name, method in manager_originals.items():
+                setattr(StructuredOutputManager, name, method)
 
 
 def smollm2_engine_args(model_dir: Path, **overrides: Any) -> dict[str, Any]:
@@ -155,6 +230,7 @@ def run_vllm(bench: Bench) -> Outcome:
     from ...compiler import GrammarCompiler
     from ...integrations.transformers import smollm2_checkpoint
     from ...integrations.vllm import PROCESSOR_PATH, xargs
+    from ...integrations.vllm.structured_outputs import OPTIONS_KEY, register
     from ...resources import bundled_schema_path
     from ...vocabulary import Vocabulary
     from ..demo import bundled_cases
@@ -162,18 +238,20 @@ def run_vllm(bench: Bench) -> Outcome:
     config = bench.config
     rounds = config.pick(1, 3, 6)
     copies = config.pick(1, 2, 2)
-    bench.plan(3 + (rounds + 1) * len(VARIANTS), "vllm (starting 3 engines)")
+    check_tokens = config.pick(CHECK_TOKENS // 3, CHECK_TOKENS, CHECK_TOKENS)
+    register()  # vLLM's general plugins load after LLM() has read its arguments
+    engine_arguments = _engines([PROCESSOR_PATH])
+    bench.plan(
+        len(engine_arguments) + (rounds + 1) * len(VARIANTS),
+        f"vllm (starting {len(engine_arguments)} engines)",
+    )
     common = smollm2_engine_args(smollm2_checkpoint(), seed=config.seed)
-    plugin = [PROCESSOR_PATH]
     engines: dict[str, Any] = {}
-    for name in ("xgrammar", "guidance"):
-        engines[name] = vllm.LLM(
-            **common, logits_processors=plugin, structured_outputs_config={"backend": name}
-        )
-        bench.tick()
-    engines["plain"] = vllm.LLM(**common, additional_config={"grammarmask": {"autoload": False}})
-    bench.tick()
     try:
+        for name, arguments in engine_arguments.items():
+            _answer_vllms_kernel_scan()
+            engines[name] = vllm.LLM(**common, **arguments)
+            bench.tick()
         tokenizer = engines["plain"].get_tokenizer()
         cases = bundled_cases(bundled_schema_path("person.json").parent) * copies
         prompts = [{"prompt_token_ids": chat_prompt(tokenizer, case)} for case in cases]
@@ -192,6 +270,8 @@ def run_vllm(bench: Bench) -> Outcome:
             for case in cases:
                 if variant.grammar == BUILTIN:
                     extra["structured_outputs"] = StructuredOutputsParams(json=case.schema)
+                    if variant.by_grammarmask:  # as the logits processor's requests
+                        extra["extra_args"] = {OPTIONS_KEY: {"allow_unenforced": True}}
                 elif variant.grammar is not None:
                     grammar = Grammar.json_schema(case.schema)
                     extra["extra_args"] = xargs(
@@ -213,7 +293,7 @@ def run_vllm(bench: Bench) -> Outcome:
                     runs[name].append(run)
                     bench.tick()
             for name, variant in VARIANTS.items():
-                run = _timed(engines[variant.engine], prompts, batch(variant, CHECK_TOKENS), timer)
+                run = _timed(engines[variant.engine], prompts, batch(variant, check_tokens), timer)
                 if variant.grammar is not None:
                     _check(run, variant, cases, enforced)
                 checks[name] = run
@@ -222,6 +302,18 @@ def run_vllm(bench: Bench) -> Outcome:
         for llm in engines.values():
             llm.llm_engine.engine_core.shutdown()
     return Outcome(_rows(runs, checks, len(cases)))
+
+
+def _answer_vllms_kernel_scan() -> None:
+    """vLLM's CPU worker reads `vars(obj)` of every module-level object when it starts (its
+    Triton kernel overrides); llvmlite's library wrapper, which numba brings in with vLLM's
+    ngram proposer, has slots and answers `__dict__` with a lazily bound C function, so the
+    next engine of the process fails to start ("'_lib_fn_wrapper' object has no attribute
+    'get'"). An empty entry under that name answers the scan; llvmlite has no such
+    function."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    if ffi is not None:
+        ffi.lib._fntab.setdefault("__dict__", {})
 
 
 def _timed(llm: Any, prompts: list[dict[str, Any]], batch: list[Any], timer: _PluginTimer) -> _Run:
@@ -233,8 +325,9 @@ def _timed(llm: Any, prompts: list[dict[str, Any]], batch: list[Any], timer: _Pl
     return _Run(
         seconds,
         sum(len(c.token_ids) for c in completions),
-        max(timer.updates.values(), default=0),
+        max(max(timer.updates.values(), default=0), timer.schedules),
         timer.total,
+        timer.structured,
         list(timer.applies),
         completions,
     )
@@ -247,7 +340,7 @@ def _check(run: _Run, variant: Variant, cases: list[DemoCase], enforced: list[bo
         run.finished += 1
         if validate(completion.text, case.schema) == "valid":
             run.valid += 1
-        elif full and variant.grammar != BUILTIN:
+        elif full and variant.by_grammarmask:
             run.broken_enforced += 1
 
 
@@ -256,12 +349,13 @@ def _rows(runs: dict[str, list[_Run]], checks: dict[str, _Run], requests: int) -
     rows = []
     for name, done in runs.items():
         variant = VARIANTS[name]
-        baseline = "vLLM xgrammar" if variant.grammar is not None else "no plugin, no grammar"
+        baseline = variant.baseline
         p50, base = statistics.median(rate[name]), statistics.median(rate[baseline])
         applies = [a for r in [*done, checks[name]] for a in r.applies]
         extra = {
             "ms_per_step": statistics.median(r.seconds / max(r.steps, 1) for r in done) * 1e3,
             "plugin_share": statistics.median(r.plugin_seconds / r.seconds for r in done),
+            "structured_share": statistics.median(r.structured_seconds / r.seconds for r in done),
             "same_work": float(all(r.tokens == requests * SPEED_TOKENS for r in done)),
         }
         if applies:
@@ -271,7 +365,8 @@ def _rows(runs: dict[str, list[_Run]], checks: dict[str, _Run], requests: int) -
             check = checks[name]
             extra["finished"] = check.finished
             extra["valid"] = check.valid
-            if variant.grammar != BUILTIN:
+            extra["valid_per_100"] = 100 * check.valid / requests
+            if variant.by_grammarmask:
                 extra["broken_enforced"] = check.broken_enforced
         point = POINT.format(requests=requests) + ("" if variant.grammar else ", no grammar")
         rows.append(
