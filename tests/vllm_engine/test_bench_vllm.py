@@ -9,7 +9,8 @@ from grammarmask.tools.bench import BenchConfig, run_bench
 from grammarmask.tools.bench.vllm import VARIANTS
 
 
-@pytest.mark.timeout(1500)  # six engines on two cores
+@pytest.mark.slow  # six engines: ten minutes on two cores (run: pytest -m slow)
+@pytest.mark.timeout(1500)
 def test_bench_vllm_runs_every_variant_on_the_real_engines() -> None:
     rows, _ = run_bench(["vllm"], BenchConfig("tiny", 1), progress=False)
     assert [row.variant for row in rows] == list(VARIANTS)

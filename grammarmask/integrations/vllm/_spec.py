@@ -99,19 +99,24 @@ def _parse_small(text: str) -> RequestSpec:
 
 
 def _parse_json(text: str) -> RequestSpec:
+    return parse_entry(json_object(text, EXTRA_ARGS_KEY))
+
+
+def json_object(text: str, key: str) -> dict[str, Any]:
+    """`extra_args[key]`'s JSON text as an object; RequestSpecError says what is wrong."""
     try:
         entry = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestSpecError(
-            f"extra_args[{EXTRA_ARGS_KEY!r}] is not JSON: {exc.msg} at character {exc.pos}"
+            f"extra_args[{key!r}] is not JSON: {exc.msg} at character {exc.pos}"
         ) from None
     except RecursionError:
-        raise RequestSpecError(f"extra_args[{EXTRA_ARGS_KEY!r}] nests too deep to parse") from None
+        raise RequestSpecError(f"extra_args[{key!r}] nests too deep to parse") from None
     if not isinstance(entry, dict):
         raise RequestSpecError(
-            f"extra_args[{EXTRA_ARGS_KEY!r}] must be a JSON object, not {type(entry).__name__}"
+            f"extra_args[{key!r}] must be a JSON object, not {type(entry).__name__}"
         )
-    return parse_entry(entry)
+    return entry
 
 
 def parse_entry(entry: Mapping[str, Any]) -> RequestSpec:

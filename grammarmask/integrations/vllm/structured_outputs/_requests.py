@@ -15,7 +15,7 @@ from typing import Any
 
 from ....enforcement import XGRAMMAR_SUPPORT, find_unenforced
 from ....errors import InvalidEBNFError, NotFullyEnforcedError, RequestSpecError
-from .._spec import GRAMMAR_KEYS, RequestSpec, parse_entry
+from .._spec import GRAMMAR_KEYS, RequestSpec, json_object, parse_entry
 
 BACKEND_NAME = "grammarmask"
 """The name that chooses this backend: `--structured-outputs-config.backend grammarmask`."""
@@ -60,12 +60,7 @@ def _options(extra_args: Mapping[str, Any] | None) -> Mapping[str, Any]:
         return {}
     raw = extra_args[OPTIONS_KEY]
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise RequestSpecError(
-                f"extra_args[{OPTIONS_KEY!r}] is not JSON: {exc.msg} at character {exc.pos}"
-            ) from None
+        raw = json_object(raw, OPTIONS_KEY)
     if not isinstance(raw, Mapping):
         raise RequestSpecError(
             f"extra_args[{OPTIONS_KEY!r}] must be an object of options, not {type(raw).__name__}"
