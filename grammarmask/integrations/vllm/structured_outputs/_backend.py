@@ -25,10 +25,12 @@ from vllm.v1.structured_output.backend_types import (
 )
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
+from ....backends import words_per_row
 from ....errors import GrammarError
 from ....pool import MatcherPool
 from .._plugin import Plugin, TrackedRequest
 from .._settings import PluginSettings
+from .._spec import RequestSpec
 from ._requests import BACKEND_NAME, structured_spec
 
 if TYPE_CHECKING:
@@ -52,7 +54,9 @@ class GrammarmaskGrammar(StructuredOutputGrammar):
     the history that stays on a fresh matcher (the pool never undoes a commit, and fails a
     request given a token its grammar forbids)."""
 
-    def __init__(self, backend: GrammarmaskBackend, request: TrackedRequest, spec: Any) -> None:
+    def __init__(
+        self, backend: GrammarmaskBackend, request: TrackedRequest, spec: RequestSpec
+    ) -> None:
         self._backend = backend
         self._pool: MatcherPool = backend.pool
         self._spec = spec
@@ -113,8 +117,13 @@ class GrammarmaskGrammar(StructuredOutputGrammar):
         self._backend.add_to_pool(self.request.pool_id, self._spec)
         self._backend.wait_compiled(self.request)
         self._history = []
-        if history:
-            self.accept_tokens(self.request.label, history)
+        if not history:
+            return
+        state = self._pool.commit(self.pool_id, history)  # accepted before: no new refusal
+        if state.status == "failed":  # the pool failed it (a dead worker): it stays failed
+            self._backend.plugin.report(self.request, state.reason)
+        else:
+            self._history = list(history)
 
 
 @dataclass
@@ -139,7 +148,7 @@ class GrammarmaskBackend(StructuredOutputBackend):
         self.settings = settings
         self._ids = itertools.count()
         self.waiters = ThreadPoolExecutor(_COMPILE_WAITERS, thread_name_prefix="grammarmask-wait")
-        self._words = (self.vocab_size + 31) // 32
+        self._words = words_per_row(self.vocab_size)
 
     @property
     def pool(self) -> MatcherPool:
@@ -181,7 +190,7 @@ class GrammarmaskBackend(StructuredOutputBackend):
         self.wait_compiled(tracked)
         return grammar
 
-    def add_to_pool(self, pool_id: str, spec: Any) -> None:
+    def add_to_pool(self, pool_id: str, spec: RequestSpec) -> None:
         self.pool.add(
             pool_id, spec.grammar, backend=spec.backend, allow_unenforced=spec.allow_unenforced
         )
