@@ -19,7 +19,6 @@ from .backends import (
 )
 from .compiler import GrammarCompiler
 from .device.kernels import apply_bitmask
-from .enforcement import Unenforced
 from .errors import (
     ApplyError,
     BatchError,
@@ -40,8 +39,9 @@ from .errors import (
     WorkerStartError,
 )
 from .grammars import Grammar, GrammarLimits
+from .masks import StepMasks
 from .pool import MaskFuture, MatcherPool, RequestState
-from .pool.plan import StepMasks
+from .schema import Unenforced
 from .vocabulary import Vocabulary
 
 __all__ = [

@@ -11,6 +11,9 @@ backend="auto" picks per grammar the first backend of `AUTO_ORDER` that enforces
 (nothing declared unenforced, and its compile does not refuse it); each actual backend's
 compilation is cached as if asked for by name.
 
+A JSON Schema is lowered once (`lowered`): `check`, `auto`'s judgement of each candidate and
+the compile itself hand the same lowered schema to every backend they ask.
+
 A compile that nobody waits for any more (its requests left, or all of them passed their
 compile timeout) is ended where its backend can end it (`Backend.stoppable`: outlines
 builds its index in a child process, killed then); such a compile is also ended when its
@@ -48,10 +51,13 @@ from .errors import (
     UnsupportedGrammarError,
 )
 from .grammars import Grammar
+from .schema import LoweredSchema, lower_schema
 from .vocabulary import Vocabulary
 
 CacheKey = tuple[str, tuple[str, str, str, bool, int], str]
 _MAX_NICE = 19
+_LOWERED_KEPT = 64
+"""Lowered schemas a compiler keeps for the grammars it was last asked about."""
 _GiB = 1 << 30
 
 
@@ -131,6 +137,7 @@ class GrammarCompiler:
         self._sizes: dict[CacheKey, int] = {}
         self._bytes = 0
         self._backends: dict[str, Backend] = dict(backends or {})
+        self._lowered: OrderedDict[str, LoweredSchema] = OrderedDict()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
             threads,
@@ -147,6 +154,23 @@ class GrammarCompiler:
             if name not in self._backends:
                 self._backends[name] = create_backend(name, self.vocab)
             return self._backends[name]
+
+    def lowered(self, grammar: Grammar) -> LoweredSchema | None:
+        """`grammar.lower()`, computed once for the grammars this compiler was last asked
+        about: every backend judging or compiling a schema reads the same lowered form."""
+        if grammar.kind != "json_schema":
+            return None
+        with self._lock:
+            kept = self._lowered.get(grammar.source)
+            if kept is not None:
+                self._lowered.move_to_end(grammar.source)
+                return kept
+        lowered = lower_schema(grammar.schema)
+        with self._lock:
+            self._lowered[grammar.source] = lowered
+            while len(self._lowered) > _LOWERED_KEPT:
+                self._lowered.popitem(last=False)
+        return lowered
 
     def auto_candidates(self, kind: str = "json_schema") -> tuple[str, ...]:
         """The backends `auto` tries for a kind of grammar, in order: installed ones and any
@@ -197,7 +221,9 @@ class GrammarCompiler:
             f"{grammar.describe()} on {backend}",
             limit,
             self._executor,
-            lambda flight: engine.compile_within(grammar, self._budget(flight)),
+            lambda flight: engine.compile_within(
+                grammar, self.lowered(grammar), self._budget(flight)
+            ),
             counted=True,
         )
 
@@ -331,7 +357,7 @@ class GrammarCompiler:
         unless `allow_unenforced`). What only a compile finds (a schema a backend rejects)
         still fails the compile. A server calls this when it admits a request."""
         if backend != AUTO:
-            self.backend(backend).unenforced(grammar)
+            self.backend(backend).unenforced(grammar, self.lowered(grammar))
             return
         ranked, reasons = self._ranked(grammar, allow_unenforced)
         if not ranked:
@@ -344,9 +370,10 @@ class GrammarCompiler:
         first, and why each of the others may not."""
         reasons: dict[str, tuple[str, ...]] = {}
         assessed: list[tuple[str, int]] = []
+        lowered = self.lowered(grammar)
         for name in self.auto_candidates(grammar.kind):
             try:
-                unenforced = self.backend(name).unenforced(grammar)
+                unenforced = self.backend(name).unenforced(grammar, lowered)
             except GrammarError as exc:
                 reasons[name] = (str(exc),)
                 continue

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
-from urllib.parse import unquote
 
 from .errors import (
     GrammarTooLargeError,
@@ -23,6 +22,8 @@ from .errors import (
     InvalidRegexError,
     InvalidSchemaError,
 )
+from .schema.lowering import LoweredSchema, lower_schema
+from .schema.pointers import check_references, json_pointer, references
 
 GrammarKind = Literal["json_schema", "json", "regex", "ebnf", "choice"]
 Whitespace = Literal["compact", "flexible"]
@@ -55,84 +56,12 @@ class GrammarLimits:
 DEFAULT_LIMITS = GrammarLimits()
 
 
-def json_pointer(path: Iterable[Any]) -> str:
-    """RFC 6901 pointer for a path of keys and indices."""
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
-
-
-def resolve_pointer(document: Any, pointer: str) -> Any:
-    """The node at an RFC 6901 `pointer` ("" is the root), or None if there is none."""
-    node = document
-    for raw in pointer.split("/")[1:]:
-        part = unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _check_size(what: str, size: int, limits: GrammarLimits) -> None:
     if size > limits.max_source_bytes:
         raise GrammarTooLargeError(
             f"{what}: {size:,} bytes, over the limit of {limits.max_source_bytes:,} "
             "(GrammarLimits.max_source_bytes)"
         )
-
-
-def _walk_schema(schema: Any, max_depth: int) -> tuple[list[tuple[str, str]], set[str]]:
-    """One iterative pass (no recursion, cycles end at the depth limit): refuses nesting
-    deeper than `max_depth`; returns the string `$ref`s with their pointers and the anchors."""
-    refs: list[tuple[str, str]] = []
-    anchors: set[str] = set()
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(schema, ())]
-    while stack:
-        node, path = stack.pop()
-        if not isinstance(node, (dict, list)):
-            continue
-        if len(path) >= max_depth:
-            where = json_pointer(path)
-            where = where if len(where) <= 80 else where[:60] + "..." + where[-17:]
-            raise GrammarTooLargeError(
-                f"the schema nests deeper than {max_depth} levels at {where}; "
-                "the limit is GrammarLimits.max_depth"
-            )
-        if isinstance(node, list):
-            stack.extend((v, (*path, i)) for i, v in enumerate(node))
-            continue
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            refs.append((ref, json_pointer((*path, "$ref"))))
-        if isinstance(node.get("$anchor"), str):
-            anchors.add(node["$anchor"])
-        for ident in (node.get("$id"), node.get("id")):  # "#name" ids: drafts 4 to 7
-            if isinstance(ident, str) and ident.startswith("#"):
-                anchors.add(ident[1:])
-        stack.extend((v, (*path, k)) for k, v in node.items())
-    return refs, anchors
-
-
-def _check_refs(schema: Any, refs: list[tuple[str, str]], anchors: set[str]) -> None:
-    """Every `$ref` must land inside the schema: backends fetch nothing and fail obscurely."""
-    for ref, pointer in refs:
-        if not ref.startswith("#"):
-            raise InvalidSchemaError(
-                f"$ref {ref!r} points outside the schema; only references inside it "
-                "('#', '#/json/pointer' or '#anchor') can be resolved",
-                pointer,
-            )
-        fragment = ref[1:]
-        found = (
-            resolve_pointer(schema, fragment) is not None
-            if fragment == "" or fragment.startswith("/")
-            else fragment in anchors
-        )
-        if not found:
-            raise InvalidSchemaError(
-                f"$ref {ref!r} does not resolve to any part of the schema", pointer
-            )
 
 
 def _parse_schema(schema: Mapping[str, Any] | bool | str, limits: GrammarLimits) -> tuple[Any, str]:
@@ -156,7 +85,7 @@ def _parse_schema(schema: Mapping[str, Any] | bool | str, limits: GrammarLimits)
         raise InvalidSchemaError(
             f"a JSON Schema must be an object or a boolean, not {type(parsed).__name__}"
         )
-    refs, anchors = _walk_schema(parsed, limits.max_depth)
+    refs, anchors = references(parsed, limits.max_depth)
     try:
         source = json.dumps(parsed, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -171,7 +100,7 @@ def _parse_schema(schema: Mapping[str, Any] | bool | str, limits: GrammarLimits)
         raise InvalidSchemaError(
             f"not a valid JSON Schema: {exc.message}", json_pointer(exc.absolute_path)
         ) from None
-    _check_refs(parsed, refs, anchors)
+    check_references(parsed, refs, anchors)
     return parsed, source
 
 
@@ -289,6 +218,12 @@ class Grammar:
         if self.kind != "choice":
             raise TypeError(f"a {self.kind} grammar has no choices")
         return tuple(json.loads(self.source))
+
+    def lower(self) -> LoweredSchema | None:
+        """The schema the backends compile: this json_schema grammar's schema lowered (a
+        new object each call: the compiler lowers once per compile and hands it on), else
+        None."""
+        return lower_schema(self.schema) if self.kind == "json_schema" else None
 
     def as_regex(self) -> str:
         """The regex a regex-only backend compiles for `regex` and `choice` grammars."""

@@ -13,6 +13,7 @@ import time
 import torch
 
 import grammarmask as gm
+from grammarmask.schema import LoweredSchema
 
 
 class FaultyMatcher(gm.Matcher):
@@ -57,17 +58,19 @@ class FaultyBackend(gm.Backend):
         self._fault = fault
         self.name = name  # type: ignore[misc]
 
-    def unenforced(self, grammar: gm.Grammar) -> tuple[gm.Unenforced, ...]:
-        return self._inner.unenforced(grammar)
+    def unenforced(
+        self, grammar: gm.Grammar, lowered: LoweredSchema | None
+    ) -> tuple[gm.Unenforced, ...]:
+        return self._inner.unenforced(grammar, lowered)
 
-    def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
+    def compile(self, grammar: gm.Grammar, lowered: LoweredSchema | None) -> gm.CompiledGrammar:
         if self._fault == "slow compile":
             time.sleep(2.0)
         if self._fault == "stuck compile":
             time.sleep(12.0)
         if self._fault == "segv compile":
             os.kill(os.getpid(), signal.SIGSEGV)
-        compiled = self._inner.compile(grammar)
+        compiled = self._inner.compile(grammar, lowered)
         return gm.CompiledGrammar(
             self.name,
             grammar,
@@ -136,11 +139,13 @@ class MarkedFaultBackend(gm.Backend):
         self._inner = gm.create_backend("xgrammar", vocab)
         self._fault = fault
 
-    def unenforced(self, grammar: gm.Grammar) -> tuple[gm.Unenforced, ...]:
-        return self._inner.unenforced(grammar)
+    def unenforced(
+        self, grammar: gm.Grammar, lowered: LoweredSchema | None
+    ) -> tuple[gm.Unenforced, ...]:
+        return self._inner.unenforced(grammar, lowered)
 
-    def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
-        compiled = self._inner.compile(grammar)
+    def compile(self, grammar: gm.Grammar, lowered: LoweredSchema | None) -> gm.CompiledGrammar:
+        compiled = self._inner.compile(grammar, lowered)
         if MARKED not in grammar.source:
             return compiled
         return gm.CompiledGrammar(

@@ -51,7 +51,7 @@ def test_auto_moves_on_when_a_backend_refuses_at_compile_time(
     """llguidance compiles minProperties on an open object only when every listed property
     is required; xgrammar enforces it."""
     grammar = gm.Grammar.json_schema(MIN_PROPERTIES)
-    assert compiler.backend("llguidance").unenforced(grammar) == ()
+    assert compiler.backend("llguidance").unenforced(grammar, grammar.lower()) == ()
     with pytest.raises(gm.UnsupportedGrammarError, match="min/maxProperties only supported"):
         compiler.compile(grammar, "llguidance")
     chosen = compiler.compile(grammar, "auto")

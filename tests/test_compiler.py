@@ -10,6 +10,7 @@ import pytest
 
 import grammarmask as gm
 from grammarmask.backends.base import CompileBudget
+from grammarmask.schema import LoweredSchema
 
 
 def test_second_request_for_a_slow_grammar_does_not_pay_again(qwen: gm.Vocabulary) -> None:
@@ -21,9 +22,11 @@ def test_second_request_for_a_slow_grammar_does_not_pay_again(qwen: gm.Vocabular
     builds: list[gm.Grammar] = []
     real_compile = backend.compile_within
 
-    def counted(grammar: gm.Grammar, budget: CompileBudget) -> gm.CompiledGrammar:
+    def counted(
+        grammar: gm.Grammar, lowered: LoweredSchema | None, budget: CompileBudget
+    ) -> gm.CompiledGrammar:
         builds.append(grammar)
-        return real_compile(grammar, budget)
+        return real_compile(grammar, lowered, budget)
 
     backend.compile_within = counted  # type: ignore[method-assign]
     grammar = gm.Grammar.json_schema(
@@ -122,12 +125,14 @@ class _PriorityProbe(gm.Backend):
         self._inner = gm.create_backend("xgrammar", vocab)
         self.seen: list[int] = []
 
-    def unenforced(self, grammar: gm.Grammar) -> tuple[gm.Unenforced, ...]:
-        return self._inner.unenforced(grammar)
+    def unenforced(
+        self, grammar: gm.Grammar, lowered: LoweredSchema | None
+    ) -> tuple[gm.Unenforced, ...]:
+        return self._inner.unenforced(grammar, lowered)
 
-    def compile(self, grammar: gm.Grammar) -> gm.CompiledGrammar:
+    def compile(self, grammar: gm.Grammar, lowered: LoweredSchema | None) -> gm.CompiledGrammar:
         self.seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return self._inner.compile(grammar)
+        return self._inner.compile(grammar, lowered)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice is Linux's")

@@ -14,7 +14,7 @@ import pytest
 from conftest import accepts_all
 
 import grammarmask as gm
-from grammarmask.lowering import lower_schema
+from grammarmask.schema import lower_schema
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
 X, OL, LL = "xgrammar", "outlines", "llguidance"
@@ -282,7 +282,7 @@ def test_declared_enforcement_is_real(
             smollm2_compiler.compile(grammar, backend)
         return
     engine = smollm2_compiler.backend(backend)
-    declared = engine.unenforced(grammar)
+    declared = engine.unenforced(grammar, grammar.lower())
     if backend not in enforced_by:
         assert declared, f"{backend} must declare that it does not enforce {name}"
         keyword = name.split("-")[0]
@@ -317,7 +317,8 @@ def test_unenforced_items_carry_pointers(deepseek: gm.Vocabulary) -> None:
             }
         },
     }
-    found = gm.create_backend("xgrammar", deepseek).unenforced(gm.Grammar.json_schema(schema))
+    grammar = gm.Grammar.json_schema(schema)
+    found = gm.create_backend("xgrammar", deepseek).unenforced(grammar, grammar.lower())
     assert {(u.pointer, u.keyword) for u in found} == {
         ("/properties/tags", "uniqueItems"),
         ("/properties/tags/items", "multipleOf"),
@@ -328,8 +329,10 @@ def test_unenforced_items_carry_pointers(deepseek: gm.Vocabulary) -> None:
 def test_flexible_whitespace_declares_the_tab_hole(deepseek: gm.Vocabulary) -> None:
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}}
     backend = gm.create_backend("xgrammar", deepseek)
-    assert backend.unenforced(gm.Grammar.json_schema(schema)) == ()
-    flexible = backend.unenforced(gm.Grammar.json_schema(schema, whitespace="flexible"))
+    compact = gm.Grammar.json_schema(schema)
+    assert backend.unenforced(compact, compact.lower()) == ()
+    grammar = gm.Grammar.json_schema(schema, whitespace="flexible")
+    flexible = backend.unenforced(grammar, grammar.lower())
     assert [(u.pointer, u.keyword) for u in flexible] == [("/properties/s", "maxLength")]
     assert "TAB" in flexible[0].reason
 
@@ -346,7 +349,8 @@ def test_keywords_outside_the_vocabulary_are_not_constraints(
         "properties": {"a": {"type": "string", "_format": "date"}},
         "dependencies": {"a": ["b"]},
     }
-    found = gm.create_backend(backend, deepseek).unenforced(gm.Grammar.json_schema(schema))
+    grammar = gm.Grammar.json_schema(schema)
+    found = gm.create_backend(backend, deepseek).unenforced(grammar, grammar.lower())
     assert found == ()
 
 
@@ -358,7 +362,7 @@ def test_formats_json_schema_does_not_define_are_not_constraints(
     know) sees it, so auto serves such a schema with llguidance."""
     grammar = gm.Grammar.json_schema({"type": "string", "format": "credit-card"})
     for backend in (X, OL, LL):
-        assert deepseek_compiler.backend(backend).unenforced(grammar) == ()
+        assert deepseek_compiler.backend(backend).unenforced(grammar, grammar.lower()) == ()
     chosen = deepseek_compiler.compile(grammar, "auto")
     assert chosen.backend == LL and chosen.fully_enforced
 

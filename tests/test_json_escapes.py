@@ -2,7 +2,7 @@
 the model writes the encoded one (`\\\\`, `\\"`, `\\/`, `\\n`, `\\uXXXX`, surrogate pairs), so
 every escape form must meet every pattern construct. A cell where the backend accepts
 an invalid text must be declared; undeclared, it is a hole (the rules
-`negated_class_excluding_*` in enforcement.py declare the ones measured)."""
+`negated_class_excluding_*` in the xgrammar and llguidance backends declare the ones measured)."""
 
 from __future__ import annotations
 

@@ -107,3 +107,46 @@ def test_every_exception_class_lives_in_errors() -> None:
         )
     }
     assert homes and all(home.startswith("grammarmask.errors.") for home in homes), homes
+
+
+LAYERS = (
+    ("grammarmask.errors",),
+    ("grammarmask.schema",),
+    ("grammarmask.grammars", "grammarmask.vocabulary", "grammarmask.resources"),
+    ("grammarmask.backends",),
+    ("grammarmask.compiler", "grammarmask.masks"),
+    ("grammarmask.device",),
+    ("grammarmask.pool",),
+    ("grammarmask.integrations",),
+    ("grammarmask.tools", "grammarmask.__main__"),
+)
+"""The package's layers, lowest first: a module imports only from its own layer and the
+ones below it (the package root, which re-exports the public API, sits above them all)."""
+
+
+def _layer(module: str) -> int:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return len(LAYERS)  # the package root
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [m for m in _graph() if m != "grammarmask" and _layer(m) == len(LAYERS)]
+    assert not unplaced, unplaced
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    upward = sorted(
+        f"{module} ({_layer(module)}) -> {target} ({_layer(target)})"
+        for module, targets in _graph().items()
+        for target in targets
+        if target != "grammarmask" and _layer(target) > _layer(module)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    assert _layer("grammarmask.device.kernels") < _layer("grammarmask.pool.plan")
+    assert _layer("grammarmask.schema.walk") < _layer("grammarmask.grammars")
+

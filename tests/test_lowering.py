@@ -23,8 +23,8 @@ from hypothesis_jsonschema import from_schema
 
 import grammarmask as gm
 from grammarmask.errors import SchemaJudgeError
-from grammarmask.lowering import lower_schema
 from grammarmask.resources import bundled_sample_dir
+from grammarmask.schema import lower_schema
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"

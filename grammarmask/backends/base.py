@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -9,10 +12,12 @@ from typing import ClassVar
 
 import torch
 
-from ..enforcement import Unenforced
 from ..errors import GrammarError
 from ..grammars import Grammar
+from ..schema import KeywordSupport, LoweredSchema, Unenforced
 from ..vocabulary import Vocabulary
+
+_logger = logging.getLogger("grammarmask")
 
 DEFAULT_COMPILED_BYTES = 1 << 20
 """Memory assumed for a compiled grammar whose backend gives no estimate (a medium schema
@@ -160,33 +165,59 @@ class CompileBudget:
 UNBOUNDED = CompileBudget()
 
 
+@functools.cache
+def _warn_unmeasured(backend: str, distribution: str, measured_on: tuple[str, ...]) -> None:
+    version = importlib.metadata.version(distribution)
+    if version not in measured_on:
+        _logger.warning(
+            "%s %s: its JSON Schema support table was measured on %s %s; what it declares "
+            "as enforced is not measured on this version (run pytest tests/test_enforcement.py)",
+            distribution,
+            version,
+            distribution,
+            ", ".join(measured_on),
+        )
+
+
 class Backend(ABC):
-    """A grammar engine bound to one vocabulary."""
+    """A grammar engine bound to one vocabulary.
+
+    `unenforced`, `compile` and `compile_within` take the grammar and its lowered schema
+    (`Grammar.lower()`, None for other kinds), which the compiler computes once for every
+    backend it asks."""
 
     name: ClassVar[str]
     stoppable: ClassVar[bool] = False
     """`compile_within` ends its work when the budget says so (the compile runs in a process
     of its own); False: a compile, once started, runs to its end."""
+    support: ClassVar[KeywordSupport | None] = None
+    """The JSON Schema keywords and formats this backend enforces (None: no JSON Schema)."""
+    distribution: ClassVar[str] = ""
+    """The engine's package, whose installed version `support` is checked against."""
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
+        if self.support is not None and self.distribution:
+            _warn_unmeasured(self.name, self.distribution, self.support.measured_on)
 
     @abstractmethod
-    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
+    def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:
         """What of `grammar` this backend would not enforce, found without compiling.
 
         Raises UnsupportedGrammarError for a kind of grammar it cannot serve at all.
         """
 
     @abstractmethod
-    def compile(self, grammar: Grammar) -> CompiledGrammar:
+    def compile(self, grammar: Grammar, lowered: LoweredSchema | None) -> CompiledGrammar:
         """Compile; raises a GrammarError subclass naming the problem."""
 
-    def compile_within(self, grammar: Grammar, budget: CompileBudget) -> CompiledGrammar:
+    def compile_within(
+        self, grammar: Grammar, lowered: LoweredSchema | None, budget: CompileBudget
+    ) -> CompiledGrammar:
         """`compile`, ended with `budget.stop()`'s error when that gives one, or with
         CompileMemoryError past `budget.memory_bytes`, where this backend can end its work
         (`stoppable`); the default cannot, and compiles to the end."""
-        return self.compile(grammar)
+        return self.compile(grammar, lowered)
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing outside the process
         """End what this backend runs outside the calling process (its compile processes)."""

@@ -1,8 +1,8 @@
 """llguidance: an Earley parser over lazily built lexers; every grammar kind, compiles in ms.
 
 It refuses up front the JSON Schema keywords it does not implement (`lenient` is forced
-off), so what it compiles it enforces; the allowlist in enforcement.py says which keywords
-those are, measured.
+off), so what it compiles it enforces; its support table below says which keywords those
+are.
 """
 
 from __future__ import annotations
@@ -12,18 +12,49 @@ import importlib.metadata
 import json
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import llguidance
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
-from ..enforcement import LLGUIDANCE_SUPPORT, Unenforced, find_unenforced, iter_subschemas
 from ..errors import CompileError, UnsupportedGrammarError, VocabularyError
 from ..grammars import Grammar
-from ..lowering import lowered
+from ..schema import KeywordSupport, LoweredSchema, Unenforced, find_unenforced, iter_subschemas
+from ..schema.judge import COMMON_FORMATS, COMMON_KEYWORDS
+from ..schema.patterns import may_exclude_quote_or_backslash, negated_class_rule
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
+
+
+def negated_class_excluding_quote_or_backslash(
+    node: dict[str, Any], pointer: str
+) -> Iterable[Unenforced]:
+    r"""llguidance lets the JSON escape `\"` or `\\` through a negated class that excludes
+    that character: `"a\\b"`, a string holding a backslash, passes `^[^\\]+$`."""
+    what = "a quote or a backslash"
+    yield from negated_class_rule(node, pointer, may_exclude_quote_or_backslash, what)
+
+
+LLGUIDANCE_SUPPORT = KeywordSupport(
+    enforced=COMMON_KEYWORDS
+    | {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "maxProperties", "allOf", "oneOf", "patternProperties",
+    },
+    measured_on=("1.7.6", "1.9.1"),
+    formats=COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},
+    rules=(negated_class_excluding_quote_or_backslash,),
+    format_notes=(
+        ("date", "is approximated: February 29 passes in every year"),
+        ("date-time", "is approximated: February 29 passes in every year"),
+    ),
+)  # fmt: skip
+"""With lenient=False. llguidance refuses at compile time what it does not implement (not,
+if/then/else, contains, uniqueItems, propertyNames, dependentRequired, dependentSchemas,
+unevaluated*, unknown formats, oneOf it cannot prove exclusive), so this table only has to
+be honest about what it compiles."""
 
 _SPECIAL_MARKER = b"\xff"
 """llguidance's prefix for special tokens: never valid UTF-8, so never grammar text."""
@@ -175,6 +206,8 @@ _VERSION = importlib.metadata.version("llguidance")
 
 class LLGuidanceBackend(Backend):
     name = "llguidance"
+    support = LLGUIDANCE_SUPPORT
+    distribution = "llguidance"
 
     def __init__(self, vocab: Vocabulary) -> None:
         super().__init__(vocab)
@@ -203,15 +236,13 @@ class LLGuidanceBackend(Backend):
         tokens = self._tokenizer.tokenize_bytes(b"[   ]")
         return matcher.try_consume_tokens(tokens) < len(tokens)
 
-    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
-        if grammar.kind != "json_schema":
-            return ()
-        return find_unenforced(lowered(grammar).schema, LLGUIDANCE_SUPPORT)
+    def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:
+        return () if lowered is None else find_unenforced(lowered.schema, LLGUIDANCE_SUPPORT)
 
-    def _lark(self, grammar: Grammar) -> str:
+    def _lark(self, grammar: Grammar, lowered: LoweredSchema | None) -> str:
         """The grammar as llguidance's Lark dialect (JSON Schema inline via %json)."""
         if grammar.kind in ("json_schema", "json"):
-            schema: Any = lowered(grammar).schema if grammar.kind == "json_schema" else {}
+            schema: Any = lowered.schema if lowered is not None else {}
             if schema is False:
                 raise UnsupportedGrammarError(
                     f"llguidance cannot serve {grammar.describe()}: it accepts no JSON at all"
@@ -252,10 +283,11 @@ class LLGuidanceBackend(Backend):
             ) from None
         return "\n".join(line for line in lark.splitlines() if not line.startswith("%llguidance"))
 
-    def compile(self, grammar: Grammar) -> CompiledGrammar:
-        unenforced = self.unenforced(grammar)
+    def compile(self, grammar: Grammar, lowered: LoweredSchema | None) -> CompiledGrammar:
+        unenforced = self.unenforced(grammar, lowered)
         started = time.perf_counter()
-        text = llguidance.LLMatcher.grammar_from_lark(_NO_FORCING + self._lark(grammar))
+        lark = self._lark(grammar, lowered)
+        text = llguidance.LLMatcher.grammar_from_lark(_NO_FORCING + lark)
         template = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
         if template.is_error():
             message = _first_line(template.get_error())

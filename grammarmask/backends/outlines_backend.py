@@ -5,14 +5,21 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from ..enforcement import OUTLINES_SUPPORT, Unenforced, find_unenforced
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
-from ..lowering import lowered
+from ..schema import KeywordSupport, LoweredSchema, Unenforced, find_unenforced
+from ..schema.judge import (
+    COMMON_FORMATS,
+    COMMON_KEYWORDS,
+    beside_any_of,
+    beside_ref,
+    required_outside_properties,
+)
 from ..vocabulary import Vocabulary
 from .base import (
     Backend,
@@ -24,6 +31,29 @@ from .base import (
     set_token_bits,
 )
 from .index_process import IndexBuilder
+
+
+def pattern_beside_length(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """outlines-core builds a string with minLength/maxLength from the lengths alone,
+    dropping its pattern."""
+    if "pattern" in node and ("minLength" in node or "maxLength" in node):
+        yield Unenforced(pointer, "pattern", "ignored when combined with minLength/maxLength")
+
+
+OUTLINES_SUPPORT = KeywordSupport(
+    enforced=COMMON_KEYWORDS,
+    measured_on=("0.2.14",),
+    formats=COMMON_FORMATS,
+    rules=(required_outside_properties, pattern_beside_length, beside_any_of, beside_ref),
+    format_notes=(
+        ("date", "is approximated: Unicode digits and day 31 in every month pass"),
+        ("date-time", "is approximated: negative years, a missing offset and day 31 pass"),
+        ("time", "is approximated: a missing offset passes"),
+    ),
+)
+"""Drops numeric bounds, multipleOf, maxProperties, patternProperties, propertyNames, oneOf
+exclusivity, not, if/then/else, dependentRequired, unevaluated*; refuses allOf. Beside
+`$ref` or a combinator the other keywords go unchecked."""
 
 _INDEX_MEMORY_PER_SERIALIZED_BYTE = 3
 """An Index gives no size: its in-memory transition maps, measured by RSS, hold about three
@@ -91,6 +121,8 @@ class OutlinesBackend(Backend):
 
     name = "outlines"
     stoppable = True
+    support = OUTLINES_SUPPORT
+    distribution = "outlines_core"
 
     def __init__(self, vocab: Vocabulary, *, max_rollback: int = 64) -> None:
         import outlines_core
@@ -106,18 +138,17 @@ class OutlinesBackend(Backend):
         self._builder: IndexBuilder | None = None
         self._builder_lock = threading.Lock()
 
-    def _regex(self, grammar: Grammar) -> str:
+    def _regex(self, grammar: Grammar, lowered: LoweredSchema | None) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
-        if grammar.kind == "json_schema":
+        if lowered is not None:
             whitespace = (
                 ""
                 if grammar.whitespace == "compact"
                 else f"[ \\t\\n\\r]{{0,{grammar.max_whitespace}}}"
             )
             try:
-                source = lowered(grammar).source
-                return str(build_regex_from_schema(source, whitespace_pattern=whitespace))
+                return str(build_regex_from_schema(lowered.source, whitespace_pattern=whitespace))
             except (ValueError, TypeError, RuntimeError) as exc:
                 raise UnsupportedGrammarError(
                     f"outlines cannot express {grammar.describe()}: {exc}"
@@ -128,18 +159,16 @@ class OutlinesBackend(Backend):
             f"outlines serves regular languages only; {grammar.kind} grammars need xgrammar"
         )
 
-    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
+    def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:
         if grammar.kind in ("json", "ebnf"):
-            self._regex(grammar)
-        if grammar.kind == "json_schema":
-            return find_unenforced(lowered(grammar).schema, OUTLINES_SUPPORT)
-        return ()
+            self._regex(grammar, lowered)
+        return () if lowered is None else find_unenforced(lowered.schema, OUTLINES_SUPPORT)
 
-    def compile(self, grammar: Grammar) -> CompiledGrammar:
+    def compile(self, grammar: Grammar, lowered: LoweredSchema | None) -> CompiledGrammar:
         import outlines_core
 
-        unenforced = self.unenforced(grammar)
-        regex = self._regex(grammar)
+        unenforced = self.unenforced(grammar, lowered)
+        regex = self._regex(grammar, lowered)
         started = time.perf_counter()
         try:
             index = outlines_core.Index(regex, self._vocabulary)
@@ -147,9 +176,11 @@ class OutlinesBackend(Backend):
             raise CompileError(f"outlines cannot compile {grammar.describe()}: {exc}") from None
         return self._compiled(grammar, unenforced, started, index, len(pickle.dumps(index)))
 
-    def compile_within(self, grammar: Grammar, budget: CompileBudget) -> CompiledGrammar:
-        unenforced = self.unenforced(grammar)
-        regex = self._regex(grammar)
+    def compile_within(
+        self, grammar: Grammar, lowered: LoweredSchema | None, budget: CompileBudget
+    ) -> CompiledGrammar:
+        unenforced = self.unenforced(grammar, lowered)
+        regex = self._regex(grammar, lowered)
         started = time.perf_counter()
         built = self._index_builder().build(regex, budget, grammar.describe())
         return self._compiled(grammar, unenforced, started, built.index, built.pickled_bytes)

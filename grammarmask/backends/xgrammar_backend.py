@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -13,12 +13,83 @@ import numpy
 import torch
 import xgrammar
 
-from ..enforcement import XGRAMMAR_SUPPORT, Unenforced, find_unenforced, iter_subschemas
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
-from ..lowering import lowered
+from ..schema import KeywordSupport, LoweredSchema, Unenforced, find_unenforced, iter_subschemas
+from ..schema.formats import FIXED_LENGTH_PATTERNS
+from ..schema.judge import (
+    COMMON_FORMATS,
+    COMMON_KEYWORDS,
+    beside_any_of,
+    beside_ref,
+    required_outside_properties,
+)
+from ..schema.patterns import (
+    has_optional_group_ending_in_repetition,
+    may_exclude_non_ascii,
+    negated_class_rule,
+)
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits, words_per_row
+
+
+def length_beside_pattern_or_format(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar drops minLength/maxLength next to pattern or format (a warning only), which
+    changes nothing where the pattern fixes the length within them."""
+    if "pattern" in node or "format" in node:
+        pattern = node.get("pattern")
+        fixed = FIXED_LENGTH_PATTERNS.get(pattern) if isinstance(pattern, str) else None
+        for keyword in ("minLength", "maxLength"):
+            value = node.get(keyword)
+            if value is None:
+                continue
+            implied = (
+                fixed is not None
+                and "format" not in node
+                and isinstance(value, int)
+                and (value >= fixed if keyword == "maxLength" else value <= fixed)
+            )
+            if implied:
+                continue
+            yield Unenforced(pointer, keyword, "ignored when combined with pattern or format")
+
+
+def optional_group_ending_in_repetition(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar compiles a schema pattern's `(bc+)?` as if `b` were optional too (`acZ`
+    passes `^a(bc+)?Z$`): such a pattern is not enforced."""
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and has_optional_group_ending_in_repetition(pattern):
+        yield Unenforced(pointer, "pattern", "an optional group ending in a repetition")
+
+
+def negated_class_excluding_non_ascii(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    r"""xgrammar lets a `\uXXXX` escape through a negated class that excludes that non-ASCII
+    character: `"\u00e9"` passes `^[^é]+$`."""
+    yield from negated_class_rule(node, pointer, may_exclude_non_ascii, "a non-ASCII character")
+
+
+XGRAMMAR_SUPPORT = KeywordSupport(
+    enforced=COMMON_KEYWORDS
+    | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
+    measured_on=("0.2.8", "0.2.9"),
+    formats=COMMON_FORMATS | {"ipv4", "hostname", "time"},
+    rules=(
+        required_outside_properties,
+        length_beside_pattern_or_format,
+        beside_any_of,
+        beside_ref,
+        optional_group_ending_in_repetition,
+        negated_class_excluding_non_ascii,
+    ),
+    format_notes=(
+        ("date", "is approximated: any day 01-31 passes in every month"),
+        ("date-time", "is approximated: any day 01-31 passes in every month"),
+    ),
+)
+"""Compiled but not enforced: uniqueItems, contains, not, if/then/else, oneOf exclusivity,
+allOf beyond types, dependentRequired, unevaluated*; multipleOf, patternProperties and
+propertyNames only in some shapes, so never trusted. Beside `$ref` or a combinator the
+other keywords go unchecked."""
 
 _CONTROL_BYTES = bytes(range(0x20))
 _JSON_WHITESPACE_CONTROLS = b"\t\n\r"
@@ -188,10 +259,9 @@ class XGrammarMatcher(Matcher):
         return True
 
     def fill_drafts(self, bitmask: torch.Tensor, rows: Sequence[int], drafts: Sequence[int]) -> int:
-        """The draft loop, one xgrammar call per token: the pool's hot path. (One
-        traverse_draft_tree call per request measured slower here: its rows then need a scan
-        to find the node it rejected.) The banned tokens never reach a row (see TokenFilter):
-        only a stop row or a row after a lead is written here."""
+        """The draft loop, one xgrammar call per token: the pool's hot path (why not
+        xgrammar's traverse_draft_tree: docs/performance.md). The banned tokens never reach
+        a row (see TokenFilter): only a stop row or a row after a lead is written here."""
         if not drafts:  # one row: a decode step without speculation
             self.fill(bitmask, rows[0])
             return 0
@@ -255,6 +325,8 @@ class XGrammarMatcher(Matcher):
 
 class XGrammarBackend(Backend):
     name = "xgrammar"
+    support = XGRAMMAR_SUPPORT
+    distribution = "xgrammar"
 
     def __init__(self, vocab: Vocabulary, *, compile_threads: int = 2) -> None:
         super().__init__(vocab)
@@ -287,10 +359,10 @@ class XGrammarBackend(Backend):
                 self._dialects[key] = _Dialect(token_filter, compiler)
             return self._dialects[key]
 
-    def unenforced(self, grammar: Grammar) -> tuple[Unenforced, ...]:
-        if grammar.kind != "json_schema":
+    def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:
+        if lowered is None:
             return ()
-        schema = lowered(grammar).schema
+        schema = lowered.schema
         found = find_unenforced(schema, XGRAMMAR_SUPPORT)
         if grammar.whitespace == "flexible":
             found += tuple(
@@ -307,10 +379,10 @@ class XGrammarBackend(Backend):
         return found
 
     @staticmethod
-    def _compile_raw(grammar: Grammar, compiler: Any) -> Any:
+    def _compile_raw(grammar: Grammar, lowered: LoweredSchema | None, compiler: Any) -> Any:
         if grammar.kind in ("json_schema", "json"):
             flexible = grammar.whitespace == "flexible"
-            schema = lowered(grammar).source if grammar.kind == "json_schema" else "{}"
+            schema = lowered.source if lowered is not None else "{}"
             return compiler.compile_json_schema(
                 schema,
                 any_whitespace=flexible,
@@ -322,12 +394,12 @@ class XGrammarBackend(Backend):
             return compiler.compile_regex(grammar.source)
         return compiler.compile_grammar(grammar.as_ebnf())
 
-    def compile(self, grammar: Grammar) -> CompiledGrammar:
-        unenforced = self.unenforced(grammar)
+    def compile(self, grammar: Grammar, lowered: LoweredSchema | None) -> CompiledGrammar:
+        unenforced = self.unenforced(grammar, lowered)
         dialect = self._dialect(grammar)
         started = time.perf_counter()
         try:
-            compiled = self._compile_raw(grammar, dialect.compiler)
+            compiled = self._compile_raw(grammar, lowered, dialect.compiler)
         except (RuntimeError, ValueError, TypeError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             error = UnsupportedGrammarError if "nsupported" in message else CompileError

@@ -11,7 +11,7 @@ import torch
 
 from ..backends.base import words_per_row
 from ..errors import ApplyError
-from ..pool.plan import StepMasks
+from ..masks import StepMasks
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -77,8 +77,7 @@ _WHOLE_COST = 1.5
 _EXTRACT_COST = 5.0
 """Estimated costs, in in-place passes over a row: filling it with -inf; masking it whole
 (one pass plus its share of its mask's expansion); finding and writing the bits of its
-words, per fraction of its words that hold such bits (measured on real masks, fp32 and
-bf16)."""
+words, per fraction of its words that hold such bits (docs/performance.md: apply)."""
 _MAX_ROUNDS = 6
 _UNPACK_BELOW = 1024
 """Lowest-bit rounds go on until at most 1024 groups (or after 6 rounds) are left; those

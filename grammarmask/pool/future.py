@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..device.transfer import MaskTransfer
-from .plan import StepMasks
+from ..masks import StepMasks
 from .sync import StepSync
 
 

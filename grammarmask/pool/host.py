@@ -10,8 +10,9 @@ import torch
 
 from ..backends import Backend
 from ..grammars import Grammar
+from ..masks import RequestId
 from ..vocabulary import Vocabulary
-from .plan import RequestId, StepPlan
+from .plan import StepPlan
 from .requests import RequestState
 from .step_fill import FillResult
 from .sync import StepSync

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..grammars import Grammar
-from .plan import RequestId
+from ..masks import RequestId
 from .requests import RequestState
 from .step_fill import FillEntry, FillResult
 

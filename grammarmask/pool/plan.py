@@ -1,9 +1,9 @@
-"""One step's row layout and its masks.
+"""One step's row layout: which logits rows each batch entry owns, and the batch checked.
 
 A batch entry owns len(drafts) + 1 logits rows: row 0 is sampled after the committed prefix,
-row j after drafts[0:j]. By default the rows are packed in batch order (the seed engine's
-layout: seqlen_q = 6, 6, 4 gives rows [0..5], [6..11], [12..15]); an engine with another
-layout passes explicit row indices, and the masks land where its logits rows are.
+row j after drafts[0:j]. By default the rows are packed in batch order (seqlen_q = 6, 6, 4
+gives rows [0..5], [6..11], [12..15]); an engine with another layout passes explicit row
+indices, and the masks land where its logits rows are.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import functools
 import itertools
 import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
 import numpy
 import torch
 
 from ..errors import BatchError
+from ..masks import RequestId, RowMetadata
 
-RequestId = str
 BatchEntry = tuple[RequestId | None, Sequence[int]]
 """(request id, draft tokens); a None id is a request without a grammar."""
 
@@ -182,20 +182,6 @@ def _row_metadata(
     )
 
 
-class RowMetadata(NamedTuple):
-    """One value per logits row of a step (grammar_rows: one per row with a grammar)."""
-
-    row_to_request: torch.Tensor
-    """The batch entry owning the row; -1 for a row no entry owns."""
-    local_step: torch.Tensor
-    """The row's position among its entry's rows (0: after the committed prefix)."""
-    is_verify: torch.Tensor
-    """The row verifies a draft (every row of an entry but its last)."""
-    has_grammar: torch.Tensor
-    grammar_rows: torch.Tensor
-    """The rows of entries with a request id, in batch order (int64)."""
-
-
 def _entries(
     batch: Sequence[BatchEntry], max_drafts: int
 ) -> tuple[tuple[RequestId | None, ...], tuple[tuple[int, ...], ...], tuple[int, ...]]:
@@ -304,37 +290,6 @@ def integer_ids(values: Iterable[Any], refusal: Callable[[Any], Exception]) -> t
         except TypeError:
             raise refusal(value) from None
     raise refusal(values)
-
-
-@dataclass(frozen=True)
-class StepMasks:
-    """The masks of one step, ready for `apply_bitmask` and draft verification.
-
-    `bitmask` (on the pool's device) rows are meaningful where `has_grammar` is True; rows of
-    a request past its `valid_rows` are "don't care" (after the first forbidden draft) but
-    never all zero. The row metadata tensors stay on the host: the coordinator thread never
-    issues device work besides the side-stream copy. Steps with the same layout share them:
-    read them, never write into them.
-    """
-
-    bitmask: torch.Tensor
-    has_grammar: torch.Tensor
-    grammar_rows: torch.Tensor
-    row_to_request: torch.Tensor
-    local_step: torch.Tensor
-    is_verify: torch.Tensor
-    request_ids: tuple[RequestId | None, ...]
-    rows: tuple[tuple[int, ...], ...]
-    valid_rows: tuple[int, ...]
-    vocab_size: int
-    step: int
-    failures: dict[RequestId, str] = field(default_factory=dict)
-    fill_seconds: float = 0.0
-    """CPU time the fill of this step took (on the worker threads, overlapped)."""
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.bitmask.shape[0])
 
 
 def run_slice(rows: Sequence[int]) -> slice | None:

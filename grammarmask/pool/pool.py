@@ -32,10 +32,11 @@ from ..compiler import GrammarCompiler
 from ..device.transfer import CudaOps, DeviceOps, MaskTransfer
 from ..errors import BatchError, GrammarMaskError
 from ..grammars import Grammar
+from ..masks import RequestId, StepMasks
 from ..vocabulary import Vocabulary
 from .future import MaskFuture
 from .host import BackendFactory, MatcherHost, StepRun
-from .plan import DEFAULT_MAX_DRAFTS, BatchEntry, RequestId, StepMasks, StepPlan
+from .plan import DEFAULT_MAX_DRAFTS, BatchEntry, StepPlan
 from .process_host import ProcessHost
 from .requests import RequestState
 from .shared_ring import SharedRing

@@ -15,24 +15,23 @@ watching the process sentinel, so a dead worker never hangs the pool.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import pickle
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, cast
+from typing import cast
 
 import torch
 
 from ..backends.base import fill_stop_only
-from ..errors import GrammarMaskError, RequestFault, WorkerGone, WorkerStartError
+from ..errors import GrammarMaskError, RequestFault, WorkerGone
 from ..grammars import Grammar
+from ..masks import RequestId
 from ..vocabulary import Vocabulary
 from .host import BackendFactory, StepRun
 from .messages import (
@@ -48,12 +47,23 @@ from .messages import (
     StateQuery,
     ToWorker,
 )
-from .plan import RequestId, StepPlan
+from .plan import StepPlan
 from .requests import RequestState, token_ids
 from .shared_ring import SharedRing
 from .step_fill import FillEntry, FillResult, fill_entries
 from .sync import DEADLINE_REASON, StepSync
 from .worker import HANG_GRACE_S, worker_main
+from .worker_process import (
+    WorkerProcess,
+    await_ready,
+    children_allowed,
+    death,
+    ended,
+    last_words,
+    poll,
+    send,
+    stop_all,
+)
 
 _POLL_S = 0.05
 """How often a waiting step looks at its deadline (`wait(timeout=...)` may set one late)."""
@@ -74,32 +84,6 @@ class _Held:
     reported: bool = False
     last: RequestState | None = None
     """The worker's last answer about it (backend, committed): what a failure keeps."""
-
-
-@dataclass(eq=False)
-class _Worker:
-    index: int
-    process: Any
-    conn: multiprocessing.connection.Connection
-    held: set[RequestId] = field(default_factory=set)
-    pending_removes: list[RequestId] = field(default_factory=list)
-    ready: bool = False
-    """It said Ready: it started. A worker that dies before that could not start."""
-
-
-@contextlib.contextmanager
-def _children_allowed() -> Iterator[None]:
-    """Let a daemonic process start workers. Engines run their model workers as daemonic
-    multiprocessing processes (vLLM does), and multiprocessing refuses children there
-    because a daemon is ended without cleaning up; a grammarmask worker ends by itself when
-    its pipe to the parent closes, so it cannot outlive that parent for long."""
-    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
-    daemon = config.get("daemon", False)
-    config["daemon"] = False
-    try:
-        yield
-    finally:
-        config["daemon"] = daemon
 
 
 class ProcessHost:
@@ -139,55 +123,18 @@ class ProcessHost:
         self.restarts = 0
         self._broken: dict[int, str] = {}
         """Worker index -> why its replacement could not start (it is not restarted)."""
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerProcess] = []
         try:
             for index in range(workers):
                 self._workers.append(self._spawn(index))
-            self._await_ready(start_timeout_s)
+            await_ready(self._workers, start_timeout_s)
         except BaseException:
-            self._stop_workers()
+            stop_all(self._workers)
             self._vocab_memory.close()
             self._vocab_memory.unlink()
             raise
 
-    def _await_ready(self, timeout_s: float) -> None:
-        """Wait for every worker's Ready, watching their pipes and processes."""
-        limit = time.monotonic() + timeout_s
-        waiting = {worker.conn: worker for worker in self._workers}
-        while waiting:
-            watched = [*waiting, *(worker.process.sentinel for worker in waiting.values())]
-            ready = multiprocessing.connection.wait(watched, max(0.0, limit - time.monotonic()))
-            if not ready:
-                worker = next(iter(waiting.values()))
-                raise WorkerStartError(
-                    f"grammarmask worker process {worker.index} was not ready within "
-                    f"{timeout_s:g} s (start_timeout_s); a backend_factory that blocks, or a "
-                    "machine too loaded to import torch in that time?"
-                )
-            for conn in [conn for conn in waiting if conn in ready]:
-                worker = waiting.pop(conn)
-                message = _poll(worker)
-                if isinstance(message, Ready):
-                    worker.ready = True
-                    continue
-                if isinstance(message, StartFailed):
-                    raise WorkerStartError(
-                        f"grammarmask worker process {worker.index} could not start: "
-                        f"{message.error}\n{message.traceback}"
-                    )
-                raise WorkerStartError(_start_death(worker))
-            for worker in waiting.values():
-                if worker.process.sentinel in ready:  # ended without a word
-                    raise WorkerStartError(_start_death(worker))
-
-    def _stop_workers(self) -> None:
-        for worker in self._workers:
-            if worker.process.is_alive():
-                worker.process.kill()
-            worker.process.join()
-            worker.conn.close()
-
-    def _spawn(self, index: int) -> _Worker:
+    def _spawn(self, index: int) -> WorkerProcess:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=worker_main,
@@ -203,10 +150,10 @@ class ProcessHost:
             name=f"grammarmask-worker-{index}",
             daemon=True,
         )
-        with _children_allowed():
+        with children_allowed():
             process.start()
         child.close()
-        return _Worker(index, process, parent)
+        return WorkerProcess(index, process, parent)
 
     def worker_of(self, request_id: RequestId) -> int:
         """The index of the worker holding a request (for tests that fault one)."""
@@ -246,7 +193,7 @@ class ProcessHost:
                     continue
                 held.worker = index
                 worker.held.add(request_id)
-                _send(worker, Add(request_id, grammar, backend, allow_unenforced))
+                send(worker, Add(request_id, grammar, backend, allow_unenforced))
             return RequestState(request_id, "active", backend=backend)
 
     def remove(self, request_id: RequestId) -> None:
@@ -266,7 +213,7 @@ class ProcessHost:
             worker = self._workers[index]
             removes, worker.pending_removes = worker.pending_removes, []
             for request_id in removes:
-                _send(worker, Remove(request_id))
+                send(worker, Remove(request_id))
 
     def state(self, request_id: RequestId) -> RequestState:
         return self._ask(request_id, StateQuery(request_id), "answering a state query", ())
@@ -294,7 +241,7 @@ class ProcessHost:
                 try:
                     worker = self._alive(self._workers[held.worker], "idle")
                     if held.failed is None:
-                        _send(worker, message)
+                        send(worker, message)
                         reply = self._receive(worker, doing)
                         if not isinstance(reply, RequestState):
                             raise GrammarMaskError(f"worker answered {reply!r} while {doing}")
@@ -311,7 +258,7 @@ class ProcessHost:
         return dataclasses.replace(last, status="failed", reason=held.failed)
 
     # ------------------------------------------------------------------ workers
-    def _receive(self, worker: _Worker, doing: str) -> FromWorker:
+    def _receive(self, worker: WorkerProcess, doing: str) -> FromWorker:
         """The worker's next answer (slot lock held), skipping its "ready" greeting. Raises
         WorkerGone, after failing its requests, if it dies or hangs first."""
         limit = time.monotonic() + self._compile_timeout_s + HANG_GRACE_S
@@ -321,29 +268,29 @@ class ProcessHost:
             if not ready:
                 self._replace(worker, f"worker process hung while {doing}", kill=True)
                 raise WorkerGone
-            message = _poll(worker) if worker.conn in ready else None
+            message = poll(worker) if worker.conn in ready else None
             if isinstance(message, Ready):
                 worker.ready = True
             elif isinstance(message, StartFailed) or message is None:
-                self._replace(worker, _ended(worker, message, f"while {doing}"), kill=False)
+                self._replace(worker, ended(worker, message, f"while {doing}"), kill=False)
                 raise WorkerGone
             else:
                 return message
 
-    def _alive(self, worker: _Worker, doing: str) -> _Worker:
+    def _alive(self, worker: WorkerProcess, doing: str) -> WorkerProcess:
         """The worker, or its replacement if it died while `doing` (slot lock held)."""
         if worker.process.is_alive():
             return worker
-        return self._replace(worker, f"{_death(worker)} while {doing}", kill=False)
+        return self._replace(worker, f"{death(worker)} while {doing}", kill=False)
 
     def _replace(
         self,
-        worker: _Worker,
+        worker: WorkerProcess,
         reason: str,
         *,
         kill: bool,
         spare: frozenset[RequestId] = frozenset(),
-    ) -> _Worker:
+    ) -> WorkerProcess:
         """Stop `worker` (slot lock held), fail the requests it held with `reason` except
         `spare`, which are replayed on its replacement, started at the same index. A worker
         that ended before it was ready is not replaced: its index stays out of service
@@ -351,12 +298,12 @@ class ProcessHost:
         if kill:
             worker.process.kill()
         worker.process.join()
-        last = _last_words(worker)
+        last = last_words(worker)
         worker.conn.close()
         if worker.index in self._broken:
             return worker
         if not worker.ready:
-            return self._retire(worker, _ended(worker, last, "") if last else reason)
+            return self._retire(worker, ended(worker, last, "") if last else reason)
         new = self._spawn(worker.index)
         with self._lock:
             self.restarts += 1
@@ -374,14 +321,14 @@ class ProcessHost:
                         tuple(held.commits),
                         replay=True,
                     )
-                    _send(new, replay)
+                    send(new, replay)
                 else:
                     held.failed = reason
             new.pending_removes = worker.pending_removes
             self._workers[worker.index] = new
         return new
 
-    def _retire(self, worker: _Worker, reason: str) -> _Worker:
+    def _retire(self, worker: WorkerProcess, reason: str) -> WorkerProcess:
         """Take a worker that could not start out of service (slot lock held)."""
         why = f"worker process could not restart: {reason}"
         with self._lock:
@@ -473,7 +420,7 @@ class ProcessHost:
         deadline."""
         progress = self._ring.progress[slot]
         started = time.monotonic()
-        waiting: dict[int, _Worker] = {}
+        waiting: dict[int, WorkerProcess] = {}
         begun: dict[int, float] = {}
         for index, entries in groups.items():
             progress[[e.position for e in entries]] = 0
@@ -481,7 +428,7 @@ class ProcessHost:
             if not worker.process.is_alive():
                 self._bury(worker, host, entries, result)
                 continue
-            _send(worker, Fill(slot, entries, sync.at is None))
+            send(worker, Fill(slot, entries, sync.at is None))
             waiting[index] = worker
         meanwhile()
         while waiting:
@@ -491,7 +438,7 @@ class ProcessHost:
             now = time.monotonic()
             for index, worker in list(waiting.items()):
                 if worker.conn in ready:
-                    message = _poll(worker)
+                    message = poll(worker)
                     if isinstance(message, FillResult):
                         result.valid.update(message.valid)
                         result.failures.update(message.failures)
@@ -512,7 +459,7 @@ class ProcessHost:
 
     def _bury(
         self,
-        worker: _Worker,
+        worker: WorkerProcess,
         host: torch.Tensor,
         entries: list[FillEntry],
         result: FillResult,
@@ -520,7 +467,7 @@ class ProcessHost:
     ) -> None:
         """A worker died during the step: its requests fail, naming the signal (or what it
         said if it could not start)."""
-        reason = _ended(worker, last, "while filling masks")
+        reason = ended(worker, last, "while filling masks")
         self._replace(worker, reason, kill=False)
         if worker.index in self._broken:
             reason = self._broken[worker.index]
@@ -529,7 +476,7 @@ class ProcessHost:
 
     def _expire(
         self,
-        worker: _Worker,
+        worker: WorkerProcess,
         host: torch.Tensor,
         progress: torch.Tensor,
         entries: list[FillEntry],
@@ -582,7 +529,7 @@ class ProcessHost:
     def close(self) -> None:
         for index, worker in enumerate(self._workers):
             with self._slots[index]:
-                _send(worker, Close())
+                send(worker, Close())
         for worker in self._workers:
             worker.process.join(timeout=5.0)
             if worker.process.is_alive():
@@ -594,63 +541,6 @@ class ProcessHost:
         self._vocab_memory.unlink()
 
 
-def _send(worker: _Worker, message: ToWorker) -> None:
-    """Send (slot lock held); a broken pipe is left for the next receive to notice."""
-    with contextlib.suppress(OSError):
-        worker.conn.send(message)
-
-
-def _poll(worker: _Worker) -> FromWorker | None:
-    """The next message; None at the end of the pipe (the worker is gone)."""
-    try:
-        message: FromWorker = worker.conn.recv()
-        return message
-    except (EOFError, OSError):
-        return None
-
-
 def _past(sync: StepSync, begun: float | None, started: float, now: float) -> bool:
     """A worker's deadline is the step's, moved on by the time it took to take the step up."""
     return sync.at is not None and begun is not None and now >= sync.at + begun - started
-
-
-def _last_words(worker: _Worker) -> StartFailed | None:
-    """Read what a stopped worker left in its pipe: whether it had said Ready, and what it
-    said if it could not start."""
-    said = None
-    with contextlib.suppress(OSError, EOFError):
-        while worker.conn.poll(0):
-            message = _poll(worker)
-            if message is None:
-                break
-            if isinstance(message, Ready):
-                worker.ready = True
-            elif isinstance(message, StartFailed):
-                said = message
-    return said
-
-
-def _ended(worker: _Worker, last: StartFailed | None, doing: str) -> str:
-    """Why a worker's pipe ended: what it said if it could not start, else how it died."""
-    if last is not None:
-        return f"worker process could not start: {last.error}"
-    return f"{_death(worker)} {doing}"
-
-
-def _start_death(worker: _Worker) -> str:
-    """The error for a worker that ended before it was ready, at the pool's start."""
-    return (
-        f"grammarmask worker process {worker.index} ended before it was ready: "
-        f"{_death(worker)}; its own error, if it printed one, is on standard error above. "
-        'If a script builds a MatcherPool with isolation="process" when it is imported, '
-        'build it under `if __name__ == "__main__":` instead: each worker process starts '
-        "by importing the main module again (multiprocessing's spawn start method)."
-    )
-
-
-def _death(worker: _Worker) -> str:
-    worker.process.join(timeout=5.0)
-    code = worker.process.exitcode
-    if code is not None and code < 0:
-        return f"worker process died ({signal.Signals(-code).name})"
-    return f"worker process died (exit code {code})"

@@ -20,11 +20,12 @@ import torch
 from ..backends import CompiledGrammar, Matcher, words_per_row
 from ..backends.base import fill_stop_only
 from ..compiler import GrammarCompiler, wait_compiled
-from ..enforcement import Unenforced
 from ..errors import CompileTimeoutError, GrammarError, GrammarMaskError, RequestFault
 from ..grammars import Grammar
+from ..masks import RequestId
+from ..schema import Unenforced
 from ..vocabulary import Vocabulary
-from .plan import RequestId, integer_ids, listed
+from .plan import integer_ids, listed
 
 Status = Literal["active", "finished", "failed"]
 Readiness = Literal["compiling", "ready", "failed"]

@@ -26,8 +26,9 @@ from typing import NamedTuple, cast
 
 import torch
 
+from ..masks import RequestId
 from .gil import require_gil
-from .plan import RequestId, StepPlan
+from .plan import StepPlan
 from .requests import Request, RequestTable
 from .sync import DEADLINE_REASON, StepSync
 

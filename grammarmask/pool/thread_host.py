@@ -13,9 +13,10 @@ from typing import cast
 import torch
 
 from ..compiler import GrammarCompiler
+from ..masks import RequestId
 from ..vocabulary import Vocabulary
 from .host import StepRun
-from .plan import RequestId, StepPlan
+from .plan import StepPlan
 from .requests import RequestTable
 from .step_fill import FillResult, StepEntries, StepFill
 from .sync import StepSync

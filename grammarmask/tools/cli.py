@@ -16,8 +16,8 @@ from ..backends import AUTO, AUTO_ORDER, installed_backends
 from ..compiler import GrammarCompiler
 from ..errors import GrammarError, GrammarMaskError, NotFullyEnforcedError
 from ..grammars import Grammar
-from ..lowering import lowered
 from ..resources import bundled_schema_path, schemas_dir
+from ..schema import lower_schema
 from ..vocabulary import Vocabulary
 from .known_vocabs import KNOWN_VOCABULARIES, load_vocabulary
 
@@ -59,7 +59,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"schema     {path}")
-    lowering = lowered(grammar)
+    lowering = lower_schema(grammar.schema)
     print(f"lowering   {len(lowering.rewrites)} rewrite(s)" + (":" if lowering.rewrites else ""))
     for rewrite in lowering.rewrites:
         print(f"  {rewrite}")

@@ -36,11 +36,10 @@ from jsonschema.validators import validator_for
 from referencing.exceptions import Unresolvable
 
 from ..backends import Matcher
-from ..enforcement import Unenforced, iter_subschemas
 from ..errors import SchemaJudgeError
-from ..grammars import resolve_pointer
-from ..lowering import LoweredSchema, drafts, lower_schema
 from ..resources import bundled_sample_dir, corpus_dir
+from ..schema import LoweredSchema, Unenforced, iter_subschemas, lower_schema, resolve_pointer
+from ..schema.lowering import dialects
 from ..vocabulary import Vocabulary
 
 STATUSES = (
@@ -228,7 +227,7 @@ def validates(schema: Any, instance: Any, *, strict_integers: bool = False) -> b
     SchemaJudgeError where jsonschema cannot judge: two such errors are no agreement."""
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     if strict_integers:
-        cls = jsonschema.validators.extend(cls, type_checker=drafts.integer_type_checker(cls))
+        cls = jsonschema.validators.extend(cls, type_checker=dialects.integer_type_checker(cls))
     try:
         return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance))
     except (Unresolvable, re.error) as exc:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ..compiler import GrammarCompiler
-from ..enforcement import Unenforced
 from ..errors import GrammarError, SchemaJudgeError
 from ..grammars import Grammar
+from ..schema import Unenforced
 from ..vocabulary import Vocabulary
 from .conformance import byte_token_ids, feed, loosen, validates
 from .vllm_server import VllmServer

@@ -24,6 +24,7 @@ import psutil
 from ..errors import ServerStartError
 from ..integrations.vllm import PROCESSOR_PATH
 from ..integrations.vllm.structured_outputs import BACKEND_NAME
+from .bench.vllm import cpu_dtype
 
 START_TIMEOUT_S = 240.0
 _FAILED = re.compile(r"grammarmask: request (\S+) failed: (.*)$")
@@ -142,7 +143,7 @@ def serve(
         "--port",
         str(port),
         "--dtype",
-        "bfloat16",
+        cpu_dtype(),
         "--max-model-len",
         "2048",
         "--enforce-eager",

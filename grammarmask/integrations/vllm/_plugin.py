@@ -19,8 +19,8 @@ from vllm.logger import init_logger
 from ...backends import installed_backends
 from ...errors import GrammarError
 from ...grammars import Grammar
+from ...masks import StepMasks
 from ...pool import MatcherPool
-from ...pool.plan import StepMasks
 from ...vocabulary import Vocabulary
 from ._settings import PROCESSOR_PATH, PluginSettings
 from ._spec import request_spec

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...device.kernels import apply_bitmask, check_dtype, mask_rows
+from ...masks import StepMasks
 from ...pool import MaskFuture
-from ...pool.plan import StepMasks
 from ._plugin import Mode, Plugin, TrackedRequest
 from ._settings import PluginSettings
 

@@ -15,7 +15,7 @@ import torch
 import xgrammar
 
 from ...device.kernels import _apply_tensor_ops, apply_bitmask, unpack_rows
-from ...pool.plan import StepMasks
+from ...masks import StepMasks
 from .context import Bench, Outcome
 from .fill import build_pool
 from .report import Row, Target, compare, interleave

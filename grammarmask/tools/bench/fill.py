@@ -34,9 +34,8 @@ NAIVE = "naive loop (1 thread)"
 SPLIT = "naive loop on 2 threads, one queue (reference)"
 """What a second core gives the naive loop on this machine: about the ceiling of the pool's 2
 workers. Not a baseline the pool must beat: no engine shares out its loop this way. Each
-thread takes the next request from a shared counter: the fixed halves this row used to
-split (every other request) left one thread idle for the last slow fills (10 % of the rows
-take ~80 % of the fill time) and measured 1.1-1.3x where one queue gets 1.7-1.8x."""
+thread takes the next request from a shared counter, so neither thread idles while the
+other finishes the slow fills (docs/performance.md: fill)."""
 BATCH = "xgrammar batch matcher (2 threads)"
 TREE = "xgrammar draft tree (1 thread)"
 POOL_1 = "pool, 1 worker"

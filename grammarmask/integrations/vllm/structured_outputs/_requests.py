@@ -13,8 +13,9 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ....enforcement import XGRAMMAR_SUPPORT, find_unenforced
+from ....backends.xgrammar_backend import XGRAMMAR_SUPPORT
 from ....errors import InvalidEBNFError, NotFullyEnforcedError, RequestSpecError
+from ....schema import find_unenforced
 from .._spec import GRAMMAR_KEYS, RequestSpec, json_object, parse_entry
 
 BACKEND_NAME = "grammarmask"

@@ -1,5 +1,5 @@
 """The date and time formats as exact regular expressions, and which formats each draft
-defines (what schema lowering and the enforcement tables share).
+defines (what schema lowering and the judge share).
 
 Exact as jsonschema's format checker defines them (which is what a validator of the
 output says): `date` is `YYYY-MM-DD` that `datetime.date.fromisoformat` accepts (years 1 to
@@ -54,3 +54,7 @@ DEFINED_FORMATS: dict[str, frozenset[str]] = {
 }
 """The formats a validator checks, per draft (jsonschema's format checker, all extras):
 any other format constrains nothing under that draft."""
+
+FORMATS = DEFINED_FORMATS["draft2020-12"]
+"""The formats JSON Schema defines. Validators check no other (OpenAPI's int32, double, ...),
+so another `format` constrains nothing and is not reported."""

@@ -2,8 +2,8 @@
 instances and that the backends enforce fully, before any backend sees it.
 
 Every rewrite is exact or it is not applied; what stays approximate is left to the
-backends' enforcement tables, which declare it. `Grammar` keeps the user's schema;
-`lowered(grammar)` is what the backends compile and what `grammarmask check` shows.
+backends' support tables, which declare it. `Grammar` keeps the user's schema;
+`Grammar.lower()` is what the compiler hands the backends and `grammarmask check` shows.
 Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in count
 keywords as integers, formats the schema's draft does not define dropped, `date`, `time`
 and `date-time` as exact patterns, dependencies and `dependentRequired` /
@@ -20,15 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import formats
-from ..enforcement import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_SINGLE, VOCABULARY
-from ..grammars import Grammar, json_pointer, resolve_pointer
-from . import combinators, disjoint, drafts
-
-COUNT_KEYWORDS = (
-    "maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties",
-    "maxContains", "minContains",
-)  # fmt: skip
-"""Keywords whose value is a count: `2.0` means 2 (JSON Schema's integers are mathematical)."""
+from ..keywords import COUNT_KEYWORDS, VOCABULARY
+from ..pointers import json_pointer, pointer_refs_resolve
+from ..walk import map_subschemas
+from . import combinators, dialects, disjoint
 
 
 @dataclass(frozen=True)
@@ -78,46 +73,19 @@ def lower_schema(schema: Any) -> LoweredSchema:
     """`schema` lowered (a new object: `schema` is not changed). Where a rewrite would move
     or drop a subschema that a `$ref` points to, only the rewrites that move nothing run
     (integer counts, formats)."""
-    draft = drafts.draft_of(schema)
+    draft = dialects.draft_of(schema)
     in_place = _Context(schema, None, in_place=True, format_draft=draft)
     context = _Context(schema, draft)
-    if draft in drafts.OLD_DRAFTS and not drafts.convertible(schema):
+    if draft in dialects.OLD_DRAFTS and not dialects.convertible(schema):
         context = in_place  # left in its own draft
     lowered = _lower(schema, "", context, root=True)
-    if not context.in_place and not _refs_resolve(lowered):
+    if not context.in_place and not pointer_refs_resolve(lowered):
         context = in_place
         lowered = _lower(schema, "", context, root=True)
-    strict = drafts.strict_integers(draft)
+    strict = dialects.strict_integers(draft)
     if strict and not context.in_place and '"integer"' in json.dumps(schema):
         context.note("", "draft", '"integer" keeps its draft-4 meaning (1.0 is none)')
     return LoweredSchema(lowered, tuple(context.rewrites), strict)
-
-
-def _refs_resolve(schema: Any) -> bool:
-    """Every local `$ref` of `schema` lands on a schema in it."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/"):
-                target = resolve_pointer(schema, ref[1:])
-                if not isinstance(target, (dict, bool)):
-                    return False
-            stack.extend(node.values())
-    return True
-
-
-@functools.lru_cache(maxsize=1024)
-def _lowered_source(source: str) -> LoweredSchema:
-    return lower_schema(json.loads(source))
-
-
-def lowered(grammar: Grammar) -> LoweredSchema:
-    """The lowered schema of a json_schema grammar (cached by its text)."""
-    return _lowered_source(grammar.source)
 
 
 def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) -> Any:
@@ -132,8 +100,8 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
     out = dict(node)
     if draft is not None:
         _unknown_keywords(out, pointer, context, draft)
-    if draft in drafts.OLD_DRAFTS:
-        out, changed = drafts.to_2020_12(out, draft, root=root)
+    if draft in dialects.OLD_DRAFTS:
+        out, changed = dialects.to_2020_12(out, draft, root=root)
         for detail in changed:
             context.note(pointer, "draft", detail)
     out = _children(out, pointer, context)  # first: the rules below read lowered children
@@ -148,24 +116,9 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
 
 
 def _children(node: dict[str, Any], pointer: str, context: _Context) -> dict[str, Any]:
-    for key in SUBSCHEMA_MAPS:
-        children = node.get(key)
-        if isinstance(children, dict):
-            node[key] = {
-                name: _lower(child, pointer + json_pointer((key, name)), context)
-                for name, child in children.items()
-            }
-    for key in (*SUBSCHEMA_LISTS, "items"):
-        children = node.get(key)
-        if isinstance(children, list):
-            node[key] = [
-                _lower(child, pointer + json_pointer((key, index)), context)
-                for index, child in enumerate(children)
-            ]
-    for key in SUBSCHEMA_SINGLE:
-        if isinstance(node.get(key), dict):
-            node[key] = _lower(node[key], pointer + json_pointer((key,)), context)
-    return node
+    return map_subschemas(
+        node, lambda child, step: _lower(child, pointer + json_pointer(step), context)
+    )
 
 
 def _add_all_of(node: dict[str, Any], schema: Any) -> None:
@@ -174,7 +127,7 @@ def _add_all_of(node: dict[str, Any], schema: Any) -> None:
 
 def _unknown_keywords(node: dict[str, Any], pointer: str, context: _Context, draft: str) -> None:
     """Keywords of other drafts than the schema's: its validator ignores them."""
-    unknown = [k for k in node if k in VOCABULARY and k not in drafts.known_keywords(draft)]
+    unknown = [k for k in node if k in VOCABULARY and k not in dialects.known_keywords(draft)]
     for keyword in unknown:
         del node[keyword]
     if unknown:

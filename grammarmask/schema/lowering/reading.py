@@ -7,8 +7,8 @@ import json
 import re
 from typing import Any
 
-from ..grammars import resolve_pointer
-from .drafts import OLD_DRAFTS
+from ..pointers import resolve_pointer
+from .dialects import OLD_DRAFTS
 
 ATOMS = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 """The JSON values, by kind: numbers split into integers and the others, so that `integer`

@@ -1,0 +1,57 @@
+"""The walk over a JSON Schema's subschemas, the one place that knows where they sit: the
+judge, lowering and the conformance runner read schemas through it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .keywords import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_SINGLE
+from .pointers import json_pointer
+
+Step = tuple[str] | tuple[str, str | int]
+"""Where a subschema sits below its parent: (keyword,) or (keyword, name or index)."""
+
+
+def child_schemas(node: dict[str, Any]) -> Iterator[tuple[Step, Any]]:
+    """The subschemas directly inside one schema object, each with its step from `node`."""
+    for key in SUBSCHEMA_MAPS:
+        children = node.get(key)
+        if isinstance(children, dict):
+            for name, child in children.items():
+                yield (key, name), child
+    for key in (*SUBSCHEMA_LISTS, "items"):
+        children = node.get(key)
+        if isinstance(children, list):
+            for index, child in enumerate(children):
+                yield (key, index), child
+    for key in SUBSCHEMA_SINGLE:
+        child = node.get(key)
+        if isinstance(child, dict):
+            yield (key,), child
+
+
+def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, Any], str]]:
+    """Every schema object inside `schema`, with its JSON pointer (boolean schemas skipped)."""
+    if not isinstance(schema, dict):
+        return
+    yield schema, pointer
+    for step, child in child_schemas(schema):
+        yield from iter_subschemas(child, pointer + json_pointer(step))
+
+
+def map_subschemas(node: dict[str, Any], transform: Callable[[Any, Step], Any]) -> dict[str, Any]:
+    """`node` (changed in place) with every direct subschema replaced by `transform(child,
+    step)`, the maps and lists that hold them new: the user's own stay as they were."""
+    for key in SUBSCHEMA_MAPS:
+        children = node.get(key)
+        if isinstance(children, dict):
+            node[key] = {name: transform(child, (key, name)) for name, child in children.items()}
+    for key in (*SUBSCHEMA_LISTS, "items"):
+        children = node.get(key)
+        if isinstance(children, list):
+            node[key] = [transform(child, (key, index)) for index, child in enumerate(children)]
+    for key in SUBSCHEMA_SINGLE:
+        if isinstance(node.get(key), dict):
+            node[key] = transform(node[key], (key,))
+    return node
