@@ -14,6 +14,7 @@ from conftest import XGRAMMAR_028
 
 import grammarmask as gm
 from grammarmask.tools import conformance as cf
+from grammarmask.tools import conformance_report
 from grammarmask.tools.cli import main
 
 SAMPLE = cf.bundled_sample_dir()
@@ -97,7 +98,7 @@ def test_cli_runs_the_bundled_sample_and_resumes(
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["schema"] for r in records) == sorted(p.name for p in SAMPLE.glob("*.json"))
     assert all(r["status"] == "compiled" and r["backend"] == "xgrammar" for r in records)
-    totals = cf.summarize(records)["xgrammar"]
+    totals = conformance_report.summarize(records)["xgrammar"]
     # xgrammar 0.2.8 (vLLM's pin) keeps the schema's key order beside allOf/not, which
     # 0.2.9 does not: a completeness gap the runner names, never a silent one
     explained = totals["valid_rejected_key_order"] if XGRAMMAR_028 else 0

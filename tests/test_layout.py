@@ -149,4 +149,3 @@ def test_no_import_runs_up_a_layer() -> None:
 def test_the_layer_check_finds_an_upward_import() -> None:
     assert _layer("grammarmask.device.kernels") < _layer("grammarmask.pool.plan")
     assert _layer("grammarmask.schema.walk") < _layer("grammarmask.grammars")
-

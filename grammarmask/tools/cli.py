@@ -373,6 +373,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from . import conformance as cf
+    from . import conformance_report as cr
 
     backends = args.backend or ["xgrammar"]
     if _unknown_backends(backends):
@@ -390,7 +391,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     previous: list[cf.Record] = []
     if args.resume and out_path is not None and out_path.exists():
         names = {f.name for f in files}
-        previous = [r for r in cf.read_records(out_path) if r["schema"] in names]
+        previous = [r for r in cr.read_records(out_path) if r["schema"] in names]
     options = cf.ConformanceOptions(
         vocab=args.vocab,
         whitespace=args.whitespace,
@@ -427,9 +428,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         bar.close()
         if out is not None:
             out.close()
-    totals = cf.summarize([*previous, *records])
-    print(cf.summary_table(totals))
-    print(cf.lowering_line([*previous, *records]))
+    totals = cr.summarize([*previous, *records])
+    print(cr.summary_table(totals))
+    print(cr.lowering_line([*previous, *records]))
     bad = sum(t["crash"] + t["invalid_accepted_defect"] for t in totals.values())
     return 1 if bad else 0
 
