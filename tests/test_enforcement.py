@@ -7,7 +7,10 @@ SmolLM2 tokenizer; where it does not, the declaration names the keyword.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -413,3 +416,31 @@ def test_keywords_beside_a_ref_are_enforced_or_declared(
     table = byte_token_ids(smollm2_compiler.vocab)
     accepted = feed(compiled.matcher(), [table[b] for b in invalid.encode()])[0]
     assert not accepted or compiled.unenforced, (backend, invalid)
+
+
+@pytest.mark.parametrize("backend", gm.backend_names())
+def test_each_support_table_was_measured_on_the_installed_engine(
+    backend: str, deepseek_compiler: gm.GrammarCompiler
+) -> None:
+    """The tables above are the ones these tests hold to the tokens: an engine upgraded past
+    the versions they were measured on fails here until they are measured again."""
+    engine = deepseek_compiler.backend(backend)
+    assert engine.support is not None and engine.distribution
+    assert importlib.metadata.version(engine.distribution) in engine.support.measured_on
+
+
+def test_an_unmeasured_engine_version_is_said_once(
+    deepseek: gm.Vocabulary, caplog: pytest.LogCaptureFixture
+) -> None:
+    from grammarmask.backends.xgrammar_backend import XGRAMMAR_SUPPORT, XGrammarBackend
+
+    class Unmeasured(XGrammarBackend):
+        support = dataclasses.replace(XGRAMMAR_SUPPORT, measured_on=("0.0.1",))
+
+    with caplog.at_level(logging.WARNING, logger="grammarmask"):
+        Unmeasured(deepseek)
+        Unmeasured(deepseek)
+    said = [r.getMessage() for r in caplog.records if "measured on" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "measured on xgrammar 0.0.1" in said[0]
+    assert importlib.metadata.version("xgrammar") in said[0]
