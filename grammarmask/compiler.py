@@ -99,12 +99,8 @@ def _lower_priority(increment: int) -> None:
 class GrammarCompiler:
     """Compiles grammars for one vocabulary on background threads.
 
-    `timeout_s` is the default compile timeout: how long `compile` waits, and when a
-    compile that nobody waits for any longer is ended (see the module docstring).
-    `compile_memory_bytes` bounds one compile's memory where its backend can be ended (None:
-    `default_compile_memory_bytes()`). `backends` adds or replaces backends by name (a
-    wrapped backend, say). `nice` lowers the priority of the compile threads (Linux nice
-    increment; 0 keeps the caller's).
+    The compile timeout is how long `compile` waits, and when a compile that nobody waits
+    for any longer is ended (see the module docstring).
     """
 
     def __init__(
@@ -119,6 +115,20 @@ class GrammarCompiler:
         nice: int = 10,
         compile_memory_bytes: int | None = None,
     ) -> None:
+        """A compiler for `vocab`; nothing compiles until `submit` or `compile`.
+
+        Args:
+            vocab: the vocabulary every grammar is compiled for.
+            threads: compile threads (and as many for auto selections).
+            cache_size: compiled grammars kept, most recently used first.
+            cache_bytes: the memory the kept grammars may hold, by their estimates.
+            timeout_s: the default compile timeout.
+            backends: backends to add or replace by name.
+            nice: how much lower the compile threads run (Linux nice increment; 0 keeps
+                the caller's priority).
+            compile_memory_bytes: the memory one stoppable compile may take (None:
+                `default_compile_memory_bytes()`).
+        """
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, not {cache_size}")
         if cache_bytes < 1:

@@ -70,6 +70,15 @@ class GrammarLogitsProcessor:
         vocab: Vocabulary | None = None,
         compiler: GrammarCompiler | None = None,
     ) -> None:
+        """Compile every row's grammar now (raising its GrammarError).
+
+        Args:
+            tokenizer: the model's Hugging Face tokenizer.
+            grammars: one grammar per batch row.
+            backend: the backend that compiles them ("auto" picks per grammar).
+            vocab: the vocabulary (default: read from `tokenizer`).
+            compiler: a compiler to share (default: a new one for `vocab`).
+        """
         if not grammars:
             raise ValueError("GrammarLogitsProcessor needs one grammar per batch row")
         self.vocab = vocab or Vocabulary.from_transformers(tokenizer)

@@ -103,6 +103,33 @@ class MatcherPool:
         allow_unenforced: bool = False,
         log_failures: bool = True,
     ) -> None:
+        """Start the pool (and, with process isolation, its workers).
+
+        Args:
+            vocab: the engine's vocabulary; rows are `ceil(vocab.size / 32)` int32 words.
+            backend: the default backend of `add` ("xgrammar", "llguidance", "outlines",
+                "auto", or a name `backend_factory` gives).
+            workers: fill threads or processes (default: min(4, cores)).
+            device: where `StepMasks.bitmask` lives ("cpu", "cuda", ...; default CPU).
+            isolation: "thread" (matchers in this process) or "process" (in worker
+                processes: a crash or a hang ends its requests, not the engine).
+            max_rows: the most logits rows one step may have; the mask buffers are sized
+                for it.
+            ring_slots: steps whose masks may be in flight at once.
+            max_drafts: the most drafts one batch entry may carry per step.
+            compile_timeout_s: how long a request's grammar may compile before the request
+                fails.
+            compile_memory_bytes: the memory one compile may take where its backend can be
+                ended (None: GrammarCompiler's default, an eighth of the machine).
+            start_timeout_s: how long worker processes may take to be ready.
+            compiler: a ready GrammarCompiler to share (thread isolation only).
+            backend_factory: builds extra backends by name, in each worker process.
+            device_ops: the device's copy and apply operations (default: chosen from
+                `device`).
+            allow_unenforced: serve under "auto" grammars no backend enforces fully, with
+                what is left out declared.
+            log_failures: log each failed request once at WARNING.
+        """
         if isolation not in ("thread", "process"):
             raise ValueError(f"isolation must be 'thread' or 'process', not {isolation!r}")
         self.vocab = vocab

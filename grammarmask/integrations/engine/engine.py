@@ -120,6 +120,15 @@ class ReferenceEngine:
         num_drafts: int = 3,
         ngram: int = 2,
     ) -> None:
+        """An engine over `model`, masked by `pool`.
+
+        Args:
+            model: the causal model whose logits are masked.
+            vocab: its vocabulary.
+            pool: the matcher pool that fills the masks.
+            num_drafts: prompt-lookup drafts per step (at most the pool's max_drafts).
+            ngram: the n-gram length prompt lookup matches.
+        """
         if not 0 <= num_drafts <= pool.max_drafts:
             raise ValueError(
                 f"num_drafts must lie in [0, {pool.max_drafts}] (the pool's max_drafts), "
