@@ -182,7 +182,7 @@ def test_backend_compile_failure_is_a_grammar_error(deepseek_compiler: gm.Gramma
 def test_unknown_backend(deepseek: gm.Vocabulary) -> None:
     with pytest.raises(
         gm.GrammarMaskError,
-        match="unknown backend 'llama'; choose from xgrammar, outlines, llguidance",
+        match="unknown backend 'llama'; choose from llguidance, xgrammar, outlines",
     ):
         gm.create_backend("llama", deepseek)
 

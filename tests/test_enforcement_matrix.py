@@ -59,7 +59,7 @@ def test_a_hidden_declaration_is_found_unsound(
     compiler = gm.GrammarCompiler(smollm2)
     try:
         backend = compiler.backend("xgrammar")
-        monkeypatch.setattr(type(backend), "unenforced", lambda self, grammar: ())
+        monkeypatch.setattr(type(backend), "unenforced", lambda self, grammar, lowered: ())
         beside = next(p for p in em.POSITIONS if p.name == "beside anyOf")
         case = next(c for c in em.KEYWORDS if c.keyword == "maxLength")
         assert em.measure(compiler, "xgrammar", case, beside).verdict == em.UNSOUND

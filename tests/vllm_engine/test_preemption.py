@@ -18,10 +18,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 import grammarmask as gm
 from grammarmask.integrations.vllm import _v1, xargs
+from grammarmask.tools.bench.vllm import cpu_dtype
 from vllm_engine.engines import PLUGIN, engine_args, shutdown
 
-KV_CACHE_BYTES = 24 << 20
-"""About 1,000 tokens of SmolLM2's KV cache: two requests' worth of max_model_len."""
+KV_CACHE_BYTES = (12 << 20) * {"bfloat16": 2, "float32": 4}[cpu_dtype()]
+"""About 1,000 tokens of SmolLM2's KV cache in the engine's dtype: two requests' worth of
+max_model_len."""
 REQUESTS = 8
 
 

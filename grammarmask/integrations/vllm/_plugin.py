@@ -202,6 +202,16 @@ class Plugin:
         elif state.backend not in (None, "auto"):
             request.announced = True
 
+    def declare(self, request: TrackedRequest, unenforced: Sequence[str]) -> None:
+        """Log what of a served request's grammar was known to go unenforced before its
+        compile (a structural tag's JSON schemas, allowed by allow_unenforced)."""
+        logger.warning(
+            "grammarmask: request %s is served with its structural tag's JSON schemas as "
+            "xgrammar compiles them, which does not enforce: %s",
+            request.label,
+            "; ".join(unenforced),
+        )
+
     def report(self, request: TrackedRequest, reason: str | None) -> None:
         """Log a failed request once, with vLLM's request id."""
         if not request.reported:

@@ -35,6 +35,9 @@ class RequestSpec:
     grammar: Grammar
     backend: str | None = None
     allow_unenforced: bool | None = None
+    declared: tuple[str, ...] = ()
+    """What is known before the compile to go unenforced (a structural tag's JSON schemas,
+    turned into grammar rules by xgrammar): logged when the request is served."""
 
 
 def xargs(

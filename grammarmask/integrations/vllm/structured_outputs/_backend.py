@@ -188,6 +188,8 @@ class GrammarmaskBackend(StructuredOutputBackend):
         grammar = GrammarmaskGrammar(self, tracked, spec)
         self.add_to_pool(pool_id, spec)
         self.wait_compiled(tracked)
+        if spec.declared:
+            self.plugin.declare(tracked, spec.declared)
         return grammar
 
     def add_to_pool(self, pool_id: str, spec: RequestSpec) -> None:

@@ -9,6 +9,7 @@ structural tag. Options of grammarmask's own (`backend`, `allow_unenforced`, `wh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -49,7 +50,10 @@ def structured_spec(
         entry["ebnf"] = _as_ebnf(text)
     elif kind == "STRUCTURAL_TAG":
         loose = entry.get("allow_unenforced")
-        entry["ebnf"] = _tag_as_ebnf(text, allow_unenforced if loose is None else bool(loose))
+        entry["ebnf"], declared = _tag_as_ebnf(
+            text, allow_unenforced if loose is None else bool(loose)
+        )
+        return dataclasses.replace(parse_entry(entry), declared=declared)
     else:
         raise RequestSpecError(f"unknown structured-output kind {kind!r}")
     return parse_entry(entry)
@@ -98,11 +102,11 @@ def _as_ebnf(text: str) -> str:
         raise InvalidEBNFError(f"invalid Lark grammar: {str(exc).splitlines()[0]}") from None
 
 
-def _tag_as_ebnf(text: str, allow_unenforced: bool) -> str:
+def _tag_as_ebnf(text: str, allow_unenforced: bool) -> tuple[str, tuple[str, ...]]:
     """A structural tag (xgrammar's format, which vLLM's tool parsers build for tool calls)
-    as EBNF, through xgrammar's reader. xgrammar turns the tag's JSON schemas into rules, so
-    what xgrammar does not enforce of them is refused (NotFullyEnforcedError) unless
-    `allow_unenforced`, as for a schema."""
+    as EBNF, through xgrammar's reader, and what of it goes unenforced. xgrammar turns the
+    tag's JSON schemas into rules, so what xgrammar does not enforce of them is refused
+    (NotFullyEnforcedError) unless `allow_unenforced`, as for a schema."""
     import xgrammar
 
     try:
@@ -110,19 +114,18 @@ def _tag_as_ebnf(text: str, allow_unenforced: bool) -> str:
         ebnf = str(xgrammar.Grammar.from_structural_tag(text))
     except (json.JSONDecodeError, RuntimeError, ValueError, TypeError) as exc:
         raise InvalidEBNFError(f"invalid structural tag: {str(exc).splitlines()[0]}") from None
-    if not allow_unenforced:
-        loose = [
-            f"{item} (schema at {path})"
-            for path, schema in _tag_schemas(tag, "")
-            for item in find_unenforced(schema, XGRAMMAR_SUPPORT)
-        ]
-        if loose:
-            raise NotFullyEnforcedError(
-                "the structural tag's JSON schemas are compiled by xgrammar, which does not "
-                f"enforce: {'; '.join(loose)}; pass allow_unenforced to serve it anyway",
-                {"xgrammar": tuple(loose)},
-            )
-    return ebnf
+    loose = tuple(
+        f"{item} (schema at {path or '/'})"
+        for path, schema in _tag_schemas(tag, "")
+        for item in find_unenforced(schema, XGRAMMAR_SUPPORT)
+    )
+    if loose and not allow_unenforced:
+        raise NotFullyEnforcedError(
+            "the structural tag's JSON schemas are compiled by xgrammar, which does not "
+            f"enforce: {'; '.join(loose)}; pass allow_unenforced to serve it anyway",
+            {"xgrammar": loose},
+        )
+    return ebnf, loose
 
 
 def _tag_schemas(node: Any, path: str) -> Iterator[tuple[str, Any]]:
