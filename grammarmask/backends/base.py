@@ -166,7 +166,7 @@ UNBOUNDED = CompileBudget()
 
 
 @functools.cache
-def _warn_unmeasured(backend: str, distribution: str, measured_on: tuple[str, ...]) -> None:
+def _warn_unmeasured(distribution: str, measured_on: tuple[str, ...]) -> None:
     version = importlib.metadata.version(distribution)
     if version not in measured_on:
         _logger.warning(
@@ -198,7 +198,7 @@ class Backend(ABC):
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
         if self.support is not None and self.distribution:
-            _warn_unmeasured(self.name, self.distribution, self.support.measured_on)
+            _warn_unmeasured(self.distribution, self.support.measured_on)
 
     @abstractmethod
     def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:

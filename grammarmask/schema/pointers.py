@@ -28,10 +28,10 @@ def resolve_pointer(document: Any, pointer: str) -> Any:
     return node
 
 
-def references(schema: Any, max_depth: int) -> tuple[list[tuple[str, str]], set[str]]:
+def references(schema: Any, max_depth: int | None) -> tuple[list[tuple[str, str]], set[str]]:
     """The string `$ref`s of `schema` with their pointers, and its anchors, in one iterative
     pass (no recursion; cycles end at the depth limit) that refuses nesting deeper than
-    `max_depth` (GrammarTooLargeError)."""
+    `max_depth` (GrammarTooLargeError; None: a schema already checked, no limit)."""
     refs: list[tuple[str, str]] = []
     anchors: set[str] = set()
     stack: list[tuple[Any, tuple[Any, ...]]] = [(schema, ())]
@@ -39,7 +39,7 @@ def references(schema: Any, max_depth: int) -> tuple[list[tuple[str, str]], set[
         node, path = stack.pop()
         if not isinstance(node, (dict, list)):
             continue
-        if len(path) >= max_depth:
+        if max_depth is not None and len(path) >= max_depth:
             where = json_pointer(path)
             where = where if len(where) <= 80 else where[:60] + "..." + where[-17:]
             raise GrammarTooLargeError(
@@ -84,17 +84,11 @@ def check_references(schema: Any, refs: list[tuple[str, str]], anchors: set[str]
 
 
 def pointer_refs_resolve(schema: Any) -> bool:
-    """Every local `$ref` of `schema` written as a pointer lands on a schema in it."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/"):
-                target = resolve_pointer(schema, ref[1:])
-                if not isinstance(target, (dict, bool)):
-                    return False
-            stack.extend(node.values())
-    return True
+    """Every local `$ref` of `schema` (one already checked, such as a lowered schema)
+    written as a pointer lands on a schema in it."""
+    refs, _ = references(schema, None)
+    return all(
+        isinstance(resolve_pointer(schema, ref[1:]), (dict, bool))
+        for ref, _ in refs
+        if ref.startswith("#/")
+    )

@@ -38,6 +38,7 @@ def structured_spec(
     engine's default). Raises a GrammarError naming the problem (vLLM answers it with HTTP
     400)."""
     entry = dict(_options(extra_args))
+    declared: tuple[str, ...] = ()
     if kind == "JSON":
         entry["json_schema"] = text
     elif kind == "JSON_OBJECT":
@@ -53,10 +54,10 @@ def structured_spec(
         entry["ebnf"], declared = _tag_as_ebnf(
             text, allow_unenforced if loose is None else bool(loose)
         )
-        return dataclasses.replace(parse_entry(entry), declared=declared)
     else:
         raise RequestSpecError(f"unknown structured-output kind {kind!r}")
-    return parse_entry(entry)
+    spec = parse_entry(entry)
+    return dataclasses.replace(spec, declared=declared) if declared else spec
 
 
 def _options(extra_args: Mapping[str, Any] | None) -> Mapping[str, Any]:
