@@ -14,7 +14,7 @@ import time
 import psutil
 
 import grammarmask as gm
-from grammarmask.pool.process_host import ProcessHost
+from grammarmask.pool.process_matchers import ProcessMatchers
 from grammarmask.tools.known_vocabs import load_vocabulary
 
 CASES = {
@@ -58,8 +58,8 @@ def run_case(vocab: gm.Vocabulary, label: str, seconds: float) -> None:
         compile_timeout_s=10.0,
         allow_unenforced=True,
     ) as pool:
-        host = pool.host
-        assert isinstance(host, ProcessHost)
+        host = pool.matchers
+        assert isinstance(host, ProcessMatchers)
         (worker,) = host.pids()
         pool.add("warm", gm.Grammar.regex("[0-9]{2}"), backend="outlines")
         pool.fill_async([("warm", ())]).wait()
@@ -72,7 +72,7 @@ def run_case(vocab: gm.Vocabulary, label: str, seconds: float) -> None:
             memory = tree_mib(worker)
             peak = max(peak, memory)
             state = pool.state("hard")
-            if state.status != "active" or state.compiled:
+            if state.status != "active" or state.ready:
                 ended_at = ended_at or time.monotonic() - started
             print(f"{time.monotonic() - started:5.1f} s  {memory:7,.0f} MiB  {state.status}")
         print(f"request: {state.status} ({state.backend}) {state.reason or ''}".rstrip())

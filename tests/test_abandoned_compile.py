@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import grammarmask as gm
-from grammarmask.pool.process_host import ProcessHost
+from grammarmask.pool.process_matchers import ProcessMatchers
 
 SLOW = gm.Grammar.regex('"[^"\\\\]{0,1000}"')
 QUICK = gm.Grammar.regex("[0-9]{3}")
@@ -112,7 +112,7 @@ def test_a_build_ends_when_its_last_request_leaves(deepseek: gm.Vocabulary) -> N
         pool.add("c", QUICK)
         masks = pool.fill_async([("c", ())]).wait()
         assert masks.failures == {}
-        assert pool.state("c").compiled
+        assert pool.state("c").ready
         pool.add("d", SLOW)
         assert first_build(), "an abandoned build was cached as a failure"
         pool.remove("d")
@@ -186,8 +186,8 @@ def test_a_killed_worker_takes_its_index_build_with_it(deepseek: gm.Vocabulary) 
     ) as pool:
         pool.add("slow", SLOW)
         builds = first_build()
-        host = pool.host
-        assert isinstance(host, ProcessHost)
+        host = pool.matchers
+        assert isinstance(host, ProcessMatchers)
         (worker,) = host.pids()
         psutil.Process(worker).kill()
         assert wait_until(lambda: not building(builds)), "the build outlived its worker"

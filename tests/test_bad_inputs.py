@@ -464,7 +464,7 @@ def _restart_cannot_start(ctx: Ctx) -> gm.RequestState:
     with gm.MatcherPool(ctx.vocab, workers=1, isolation="process", backend_factory=factory) as pool:
         pool.add("first", G.regex("[a-z]+"))
         marker.touch()
-        os.kill(pool.host.pids()[0], signal.SIGKILL)
+        os.kill(pool.matchers.pids()[0], signal.SIGKILL)
         assert "(SIGKILL)" in pool.fill([("first", [])]).failures["first"]
         pool.add("second", G.regex("[a-z]+"))
         state = pool.state("second")

@@ -26,7 +26,7 @@ from grammarmask.errors import BatchError
 from grammarmask.pool import step_fill
 from grammarmask.pool.plan import StepPlan, _entries_one_by_one
 from grammarmask.pool.requests import RequestTable
-from grammarmask.pool.thread_host import ThreadMode
+from grammarmask.pool.thread_matchers import ThreadMode
 
 NAMES = [
     "person",
@@ -376,11 +376,11 @@ def test_steps_on_one_thread_or_on_all(
     with _new_pool(deepseek, compiler, workers=2) as pool:
         batch = _staggered(pool, grammar, ids, 6, drafts=2)
         expected = pool.fill(batch).bitmask.clone()
-        mode = pool.host.mode
+        mode = pool.matchers.mode
         monkeypatch.setattr(mode, "alone", lambda requests: True)
         monkeypatch.setattr(mode, "alone_seconds", lambda requests: 10.0)  # never widened
         monkeypatch.setattr(RequestTable, "fill_rows", noted_fill_rows)
-        executor = pool.host.fill_threads
+        executor = pool.matchers.fill_threads
         real_submit = executor.submit
         monkeypatch.setattr(
             executor, "submit", lambda *a, **k: (submitted.append(a), real_submit(*a, **k))[1]
@@ -426,7 +426,7 @@ def test_one_row_requests_share_batch_calls_on_two_threads(
     assert not calls  # one thread: a call per request cost no more
     with _new_pool(deepseek, compiler, workers=2) as pool:
         _staggered(pool, grammar, ids, 24, drafts=0)
-        monkeypatch.setattr(pool.host.mode, "alone", lambda requests: False)
+        monkeypatch.setattr(pool.matchers.mode, "alone", lambda requests: False)
         assert torch.equal(pool.fill(batch).bitmask, expected)
         chunk = min(step_fill._CHUNK_MAX, 24 // (2 * step_fill._CLAIMS_PER_THREAD))
         assert sum(calls) == 24, f"batch calls filled {sum(calls)} of the 24 one-row requests"

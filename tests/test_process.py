@@ -160,7 +160,7 @@ def test_a_worker_dying_mid_fill_fails_only_its_requests(
     """SIGSEGV, abort() or SIGKILL in the middle of a fill: the requests the worker held fail
     with the signal's name, everyone else's rows are exact, the worker comes back."""
     grammar, ids = cases["meeting"]
-    host = process_pool.host
+    host = process_pool.matchers
     fault = "faulty-hang" if crash == "killed" else f"faulty-{crash}"
     victim = _add([process_pool], grammar, [], fault)
     healthy: list[str] = []
@@ -197,7 +197,7 @@ def test_a_worker_dying_mid_fill_fails_only_its_requests(
 
 def _worker(pool: gm.MatcherPool, rid: str) -> int:
     """Which worker process holds a request (tests only: it is the pool's private detail)."""
-    return pool.host.worker_of(rid)
+    return pool.matchers.worker_of(rid)
 
 
 def test_a_backend_crashing_while_compiling_fails_its_worker_only(
@@ -268,7 +268,7 @@ def test_a_hang_in_a_step_on_one_thread_holds_up_no_one(
         layout = [(rid, ids[3:5]) for rid in healthy]
         want = [pool.fill(layout).bitmask.clone() for _ in range(2)][-1]
         late = _add([pool], grammar, [], "faulty-hang")
-        mode = pool.host.mode
+        mode = pool.matchers.mode
         monkeypatch.setattr(mode, "alone", lambda requests: True)
         got = pool.fill_async([(late, []), *layout]).wait(timeout=1.0)
         assert got.failures == {late: "mask deadline exceeded"}
@@ -467,10 +467,10 @@ def test_a_worker_that_cannot_restart_is_retired_and_new_requests_go_elsewhere(
     with gm.MatcherPool(deepseek, workers=2, isolation="process", backend_factory=factory) as pool:
         for name in ("a", "b", "c", "d"):
             pool.add(name, grammar)
-        on = {name: pool.host.worker_of(name) for name in "abcd"}
+        on = {name: pool.matchers.worker_of(name) for name in "abcd"}
         assert sorted(on.values()) == [0, 0, 1, 1]
         marker.touch()
-        os.kill(pool.host.pids()[0], signal.SIGKILL)
+        os.kill(pool.matchers.pids()[0], signal.SIGKILL)
         masks = pool.fill([(name, []) for name in "abcd"])
         assert {name for name in masks.failures} == {n for n in "abcd" if on[n] == 0}
         assert all("(SIGKILL)" in reason for reason in masks.failures.values())
@@ -483,7 +483,7 @@ def test_a_worker_that_cannot_restart_is_retired_and_new_requests_go_elsewhere(
         )
         for name in ("e", "f", "g"):
             assert pool.add(name, grammar).status == "active"
-            assert pool.host.worker_of(name) == 1
+            assert pool.matchers.worker_of(name) == 1
         survivors = [n for n in "abcdefg" if on.get(n, 1) == 1]
         for name in survivors:
             assert pool.commit(name, letters).status == "active"
@@ -508,9 +508,9 @@ def test_readiness_says_compiling_ready_or_failed_and_wait_ready_is_bounded(
     started = time.monotonic()
     early = pool.wait_ready([slow, refused], timeout=0.2)
     assert time.monotonic() - started < 1.5
-    assert early[slow].readiness == "compiling" and not early[slow].compiled
+    assert early[slow].readiness == "compiling" and not early[slow].ready
     states = pool.wait_ready([slow, refused, "never-added"])
-    assert states[slow].readiness == "ready" and states[slow].compiled
+    assert states[slow].readiness == "ready" and states[slow].ready
     assert states[slow].backend == "faulty-slow compile"
     assert states[refused].readiness == "failed"
     assert "xgrammar cannot compile" in (states[refused].reason or "")

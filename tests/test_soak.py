@@ -205,7 +205,7 @@ class Soak:
         if fault == "remove mid-step":
             self.faulty.remove(target_slot.rid)
         if fault == "worker killed":
-            pids = self.faulty.host.pids()
+            pids = self.faulty.matchers.pids()
             os.kill(self.rng.choice(pids), signal.SIGKILL)
         got = future.wait()
         want = self.twin.fill(batch)
@@ -304,7 +304,7 @@ def run_soak(
             faulthandler.dump_traceback_later(600, exit=True)
         pids = [os.getpid()]
         if isolation == "process":
-            pids += faulty.host.pids()
+            pids += faulty.matchers.pids()
         soak.report.rss_mb_before = _rss_mb(pids)
         started = time.monotonic()
         for step in range(warmup, steps):
@@ -313,12 +313,12 @@ def run_soak(
             if (step + 1) % 1000 == 0:
                 now = [os.getpid()]
                 if isolation == "process":
-                    now += faulty.host.pids()
+                    now += faulty.matchers.pids()
                 line = soak.report.table().splitlines()[0].split(", RSS")[0]
                 print(f"{isolation} step {step + 1}: {line}, RSS now {_rss_mb(now):.0f} MB")
         soak.report.seconds = time.monotonic() - started
         if isolation == "process":
-            pids = [os.getpid(), *faulty.host.pids()]
+            pids = [os.getpid(), *faulty.matchers.pids()]
         soak.report.rss_mb_after = _rss_mb(pids)
         return soak.report
     finally:

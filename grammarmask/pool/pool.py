@@ -35,14 +35,14 @@ from ..grammars import Grammar
 from ..masks import RequestId, StepMasks
 from ..vocabulary import Vocabulary
 from .future import MaskFuture
-from .host import BackendFactory, MatcherHost, StepRun
+from .matchers import BackendFactory, Matchers, StepRun
 from .plan import DEFAULT_MAX_DRAFTS, BatchEntry, StepPlan
-from .process_host import ProcessHost
+from .process_matchers import ProcessMatchers
 from .requests import RequestState
 from .shared_ring import SharedRing
 from .step_fill import FillResult
 from .sync import StepSync
-from .thread_host import ThreadHost
+from .thread_matchers import ThreadMatchers
 
 _logger = logging.getLogger("grammarmask")
 
@@ -150,7 +150,7 @@ class MatcherPool:
         if device_ops is None and device is not None and torch.device(device).type == "cuda":
             device_ops = CudaOps(torch.device(device))
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self._host: MatcherHost
+        self._matchers: Matchers
         if isolation == "process":
             if compiler is not None:
                 raise ValueError(
@@ -164,7 +164,7 @@ class MatcherPool:
             ring = SharedRing(ring_slots, max_rows, self._words, pinned=device_ops is not None)
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots, ring.host)
             try:
-                self._host = ProcessHost(
+                self._matchers = ProcessMatchers(
                     vocab,
                     self.workers,
                     ring,
@@ -193,7 +193,7 @@ class MatcherPool:
             if backend != AUTO:
                 chosen.backend(backend)  # fail now on an unknown or missing backend
             self._transfer = MaskTransfer(device_ops, max_rows, self._words, ring_slots)
-            self._host = ThreadHost(vocab, chosen, compile_timeout_s, self.workers)
+            self._matchers = ThreadMatchers(vocab, chosen, compile_timeout_s, self.workers)
         self._step_lock = threading.Lock()
         self._step = 0
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -217,18 +217,18 @@ class MatcherPool:
         `allow_unenforced` (default: the pool's)."""
         loose = self.allow_unenforced if allow_unenforced is None else allow_unenforced
         return self._noted(
-            self._host.add(request_id, grammar, backend or self.backend, allow_unenforced=loose)
+            self._matchers.add(request_id, grammar, backend or self.backend, allow_unenforced=loose)
         )
 
     def remove(self, request_id: RequestId) -> None:
         """Forget a request (finished, failed or cancelled); unknown ids are ignored. A step
         already started still fills it."""
-        self._host.remove(request_id)
+        self._matchers.remove(request_id)
         self._logged.pop(request_id, None)
 
     def state(self, request_id: RequestId) -> RequestState:
         """The request's state now (an unknown id: failed, saying so)."""
-        return self._noted(self._host.state(request_id))
+        return self._noted(self._matchers.state(request_id))
 
     def wait_ready(
         self, request_ids: Iterable[RequestId], timeout: float | None = None
@@ -257,9 +257,9 @@ class MatcherPool:
         return self._transfer
 
     @property
-    def host(self) -> ThreadHost | ProcessHost:
-        """Where the matchers live: for monitoring (`ProcessHost.pids()`) and tests."""
-        return cast(ThreadHost | ProcessHost, self._host)
+    def matchers(self) -> ThreadMatchers | ProcessMatchers:
+        """Where the matchers live: for monitoring (`ProcessMatchers.pids()`) and tests."""
+        return cast(ThreadMatchers | ProcessMatchers, self._matchers)
 
     # ------------------------------------------------------------------ step
     def fill(
@@ -276,7 +276,7 @@ class MatcherPool:
         sync = StepSync(deadline_s, fixed=True)
         if plan.without_grammar:
             return self._without_grammar(plan, step)
-        run = self._host.begin(plan)
+        run = self._matchers.begin(plan)
         done = self._run_step(plan, step, run, sync, consumer)
         masks: StepMasks = self._transfer.join_then_wait(lambda: done, consumer)
         return masks
@@ -303,7 +303,7 @@ class MatcherPool:
         if plan.without_grammar:
             future.finish((self._without_grammar(plan, step), None), None)
             return future
-        run = self._host.begin(plan)
+        run = self._matchers.begin(plan)
         self._jobs.put((future, plan, step, run, sync, consumer))
         return future
 
@@ -387,7 +387,7 @@ class MatcherPool:
     # ------------------------------------------------------------------ commit
     def commit(self, request_id: RequestId, accepted_tokens: Sequence[int]) -> RequestState:
         """Advance a request by the tokens the sampler accepted; never raises for the request."""
-        return self._noted(self._host.commit(request_id, accepted_tokens))
+        return self._noted(self._matchers.commit(request_id, accepted_tokens))
 
     def _noted(self, state: RequestState) -> RequestState:
         if state.status == "failed":
@@ -409,7 +409,7 @@ class MatcherPool:
         if self._step_thread.is_alive():
             self._jobs.put(None)
             self._step_thread.join()
-        self._host.close()
+        self._matchers.close()
         if self._owned_compiler is not None:
             self._owned_compiler.close()
 

@@ -41,7 +41,7 @@ class RequestState:
     backend: str | None = None
     unenforced: tuple[Unenforced, ...] = ()
     committed: int = 0
-    compiled: bool = False
+    ready: bool = False
     """Its grammar is compiled: a step fills its rows without waiting for a compilation."""
 
     @property
@@ -51,14 +51,14 @@ class RequestState:
         so that a slow compilation never stalls the others."""
         if self.status == "failed":
             return "failed"
-        return "ready" if self.compiled or self.status == "finished" else "compiling"
+        return "ready" if self.ready or self.status == "finished" else "compiling"
 
 
 @dataclass(eq=False, slots=True)
 class Request:
     request_id: RequestId
     grammar: Grammar | None
-    compiled: Future[CompiledGrammar] | None
+    compilation: Future[CompiledGrammar] | None
     compile_deadline: float
     """When its compilation must be done (monotonic seconds)."""
     status: Status = "active"
@@ -104,8 +104,7 @@ class RequestTable:
         self._words = words_per_row(vocab.size)
         self._requests: dict[RequestId, Request] = {}
         self._lock = threading.Lock()
-        self.stop_row = torch.zeros(1, self._words, dtype=torch.int32)
-        fill_stop_only(self.stop_row, 0, vocab.stop_token_ids)
+        self.stop_row = stop_row(vocab)
         self._stop_words = self.stop_row.numpy()
         self._scratch = threading.local()
 
@@ -123,7 +122,7 @@ class RequestTable:
         timeout = self.compile_timeout_s if compile_timeout_s is None else compile_timeout_s
         with self._lock:
             if request_id in self._requests:
-                raise GrammarMaskError(f"request {request_id!r} is already in the pool")
+                raise GrammarMaskError(already_added(request_id))
             request = Request(
                 request_id,
                 grammar,
@@ -148,16 +147,16 @@ class RequestTable:
         ended (see GrammarCompiler.release)."""
         with self._lock:
             request = self._requests.pop(request_id, None)
-        if request is not None and request.compiled is not None:
-            self._compiler.release(request.compiled)
+        if request is not None and request.compilation is not None:
+            self._compiler.release(request.compilation)
 
     def state(self, request_id: RequestId) -> RequestState:
         with self._lock:
             request = self._requests.get(request_id)
         if request is None:
-            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
-        if not request.ready and request.status == "active" and request.compiled is not None:
-            self._compiled(request, 0.0)  # its compilation may have ended: say so now
+            return RequestState(request_id, "failed", unknown_request(request_id))
+        if not request.ready and request.status == "active" and request.compilation is not None:
+            self._compiled_grammar(request, 0.0)  # its compilation may have ended: say so now
         return request.snapshot()
 
     def lookup(self, request_ids: Sequence[RequestId]) -> list[Request]:
@@ -179,12 +178,10 @@ class RequestTable:
             return None
         if request.matcher is not None:
             return request.matcher
-        if request.compiled is None:
-            request.fail(
-                f"unknown request id {request.request_id!r}: add() it before its first step"
-            )
+        if request.compilation is None:
+            request.fail(not_added(request.request_id))
             return None
-        compiled = self._compiled(
+        compiled = self._compiled_grammar(
             request, max(0.0, request.compile_deadline - time.monotonic()), final=True
         )
         if compiled is None:
@@ -192,15 +189,15 @@ class RequestTable:
         request.matcher = compiled.matcher()
         return request.matcher
 
-    def _compiled(
+    def _compiled_grammar(
         self, request: Request, timeout: float, *, final: bool = False
     ) -> CompiledGrammar | None:
         """The request's compiled grammar if ready within `timeout` (its backend and what
         it leaves unenforced are then known), else None. A compile error fails the request,
         and so does a timeout when `final` or once past the compile deadline."""
-        assert request.compiled is not None
+        assert request.compilation is not None
         try:
-            compiled = wait_compiled(request.compiled, timeout)
+            compiled = wait_compiled(request.compilation, timeout)
         except FutureTimeout:
             if final or time.monotonic() >= request.compile_deadline:
                 request.fail(
@@ -222,11 +219,11 @@ class RequestTable:
     def compiling(self, request: Request) -> Future[CompiledGrammar] | None:
         """The compilation that a fill of `request` would wait for, if any (none once past
         its compile timeout: the fill then fails it)."""
-        if request.matcher is not None or request.status != "active" or request.compiled is None:
+        if request.matcher is not None or request.status != "active" or request.compilation is None:
             return None
-        if request.compiled.done() or time.monotonic() >= request.compile_deadline:
+        if request.compilation.done() or time.monotonic() >= request.compile_deadline:
             return None
-        return request.compiled
+        return request.compilation
 
     def scratch_rows(self, count: int) -> torch.Tensor:
         """This thread's scratch rows, reused from request to request: a fresh buffer per
@@ -320,7 +317,7 @@ class RequestTable:
         with self._lock:
             request = self._requests.get(request_id)
         if request is None:
-            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+            return RequestState(request_id, "failed", unknown_request(request_id))
         if request.failed:  # before the lock, as in fill_rows
             return request.snapshot()
         try:
@@ -366,6 +363,27 @@ class RequestTable:
         row = torch.zeros(1, self._words, dtype=torch.int32)
         matcher.fill(row, 0)
         return torch.equal(row, self.stop_row)
+
+
+def stop_row(vocab: Vocabulary) -> torch.Tensor:
+    """The one-row mask of a request that can only end: its stop tokens alone (a failed
+    request's rows, wherever its matcher lived)."""
+    row = torch.zeros(1, words_per_row(vocab.size), dtype=torch.int32)
+    fill_stop_only(row, 0, vocab.stop_token_ids)
+    return row
+
+
+def unknown_request(request_id: RequestId) -> str:
+    return f"unknown request id {request_id!r}"
+
+
+def not_added(request_id: RequestId) -> str:
+    """Why a step's request fails when it was never added."""
+    return f"{unknown_request(request_id)}: add() it before its first step"
+
+
+def already_added(request_id: RequestId) -> str:
+    return f"request {request_id!r} is already in the pool"
 
 
 def token_ids(tokens: Sequence[int]) -> tuple[int, ...]:

@@ -377,7 +377,9 @@ class StepFill:
             self._compiling[index] = request.compile_deadline
             self._condition.notify_all()  # the step now also waits for that timeout
         # a finished future keeps its callbacks: hold the step weakly
-        compiling.add_done_callback(functools.partial(_requeue_compiled, weakref.ref(self), index))
+        compiling.add_done_callback(
+            functools.partial(_requeue_after_compile, weakref.ref(self), index)
+        )
         return True
 
     def _fill(self, index: int) -> tuple[int, str | None]:
@@ -393,7 +395,7 @@ class StepFill:
         self._slot[list(rows)] = scratch
         return outcome
 
-    def compiled(self, index: int) -> None:
+    def compile_ended(self, index: int) -> None:
         """A waiting request's compilation ended, or its compile timeout passed: back in the
         queue (a fill past the timeout fails it there)."""
         with self._condition:
@@ -406,7 +408,7 @@ class StepFill:
         """Requests past their compile timeout rejoin the queue (condition held, reentrant):
         a compile that never ends must not keep them waiting."""
         for index in [index for index, at in self._compiling.items() if at <= now]:
-            self.compiled(index)
+            self.compile_ended(index)
 
     def _next_wake(self, now: float, *also: float | None) -> float | None:
         """Seconds until the next compile timeout or any of `also` (None: not set)."""
@@ -459,7 +461,7 @@ _NO_CONDITION = threading.Condition()
 _NO_SYNC = StepSync(None)
 
 
-def _requeue_compiled(step: weakref.ref[StepFill], index: int, _: object) -> None:
+def _requeue_after_compile(step: weakref.ref[StepFill], index: int, _: object) -> None:
     alive = step()
     if alive is not None:
-        alive.compiled(index)
+        alive.compile_ended(index)

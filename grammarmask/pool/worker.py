@@ -19,7 +19,7 @@ from typing import cast
 from ..compiler import GrammarCompiler
 from ..errors import GrammarMaskError
 from ..vocabulary import Vocabulary
-from .host import BackendFactory
+from .matchers import BackendFactory
 from .messages import Add, Begun, Commit, Fill, Ready, Remove, StartFailed, StateQuery, ToWorker
 from .requests import RequestTable
 from .shared_ring import SharedRing

@@ -1,6 +1,6 @@
 """The worker processes of process isolation, one at a time: starting one (spawned, from
 a daemonic process too), waiting for it to be ready, talking over its pipe, and saying why
-one ended. Which requests a worker holds and what a step asks of it: process_host.py."""
+one ended. The set of them: worker_set.py; the requests each holds: process_matchers.py."""
 
 from __future__ import annotations
 

@@ -143,12 +143,12 @@ def test_a_killed_worker_ends_only_its_requests(
     processes: Engine, plugin_log: list[str], prefixes: PrefixChecker
 ) -> None:
     patterns = {f"kill-{i}": pattern(i) for i in range(REQUESTS)}
-    victim = processes.pool.host.pids()[0]
+    victim = processes.pool.matchers.pids()[0]
 
     done = processes.run(patterns, after_step=3, fault=lambda: os.kill(victim, signal.SIGKILL))
     victims = check_outcome(patterns, done, plugin_log, prefixes, "worker process died (SIGKILL)")
     assert len(victims) == REQUESTS // 2, victims  # the requests of one of the two workers
-    assert victim not in processes.pool.host.pids()
+    assert victim not in processes.pool.matchers.pids()
     served_after(processes, plugin_log, "kill")
 
 
@@ -156,11 +156,11 @@ def test_a_segfault_inside_a_backend_call_ends_only_that_workers_requests(
     processes: Engine, plugin_log: list[str], prefixes: PrefixChecker
 ) -> None:
     patterns = {f"segv-{i}": pattern(i, marked=i == 2) for i in range(REQUESTS)}
-    pids = set(processes.pool.host.pids())
+    pids = set(processes.pool.matchers.pids())
     done = processes.run(patterns)
     victims = check_outcome(patterns, done, plugin_log, prefixes, "worker process died (SIGSEGV)")
     assert "segv-2" in victims and len(victims) == REQUESTS // 2, victims
-    assert len(pids - set(processes.pool.host.pids())) == 1  # one worker replaced
+    assert len(pids - set(processes.pool.matchers.pids())) == 1  # one worker replaced
     served_after(processes, plugin_log, "segv")
 
 

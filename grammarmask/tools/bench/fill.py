@@ -24,7 +24,7 @@ import xgrammar
 
 from ...backends import words_per_row
 from ...pool import MatcherPool
-from ...pool.thread_host import SETTLING_STEPS
+from ...pool.thread_matchers import SETTLING_STEPS
 from ...vocabulary import Vocabulary
 from .context import Bench, Outcome
 from .report import Row, Target, compare, interleave

@@ -15,7 +15,7 @@ import torch
 from ..compiler import GrammarCompiler
 from ..masks import RequestId
 from ..vocabulary import Vocabulary
-from .host import StepRun
+from .matchers import StepRun
 from .plan import StepPlan
 from .requests import RequestTable
 from .step_fill import FillResult, StepEntries, StepFill
@@ -87,8 +87,8 @@ what it was expected to take, gets the other fill threads (see StepFill.run): a 
 matcher must not hold up the rest."""
 
 
-class ThreadHost:
-    """The pool's MatcherHost in this process: a RequestTable (whose add, remove, state and
+class ThreadMatchers:
+    """The pool's Matchers in this process: a RequestTable (whose add, remove, state and
     commit it serves as its own), and `threads` fill threads that pull each step's requests."""
 
     def __init__(

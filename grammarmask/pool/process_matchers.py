@@ -1,5 +1,5 @@
-"""Process isolation: the pool's MatcherHost over worker processes (see worker.py) that
-write masks into a SharedRing.
+"""Process isolation: the pool's Matchers over worker processes (started and restarted by
+worker_set.py, each running worker.py) that write masks into a SharedRing.
 
 Each worker process (spawned: torch and xgrammar run threads, which fork would break) holds
 some of the requests. The parent keeps, per request, its grammar and committed tokens, so
@@ -18,26 +18,21 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
-import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.shared_memory import SharedMemory
-from typing import cast
 
 import torch
 
-from ..backends.base import fill_stop_only
 from ..errors import GrammarMaskError, RequestFault, WorkerGone
 from ..grammars import Grammar
 from ..masks import RequestId
 from ..vocabulary import Vocabulary
-from .host import BackendFactory, StepRun
+from .matchers import BackendFactory, StepRun
 from .messages import (
     Add,
     Begun,
-    Close,
     Commit,
     Fill,
     FromWorker,
@@ -48,22 +43,26 @@ from .messages import (
     ToWorker,
 )
 from .plan import StepPlan
-from .requests import RequestState, token_ids
+from .requests import (
+    RequestState,
+    already_added,
+    not_added,
+    stop_row,
+    token_ids,
+    unknown_request,
+)
 from .shared_ring import SharedRing
 from .step_fill import FillEntry, FillResult, fill_entries
 from .sync import DEADLINE_REASON, StepSync
-from .worker import HANG_GRACE_S, worker_main
+from .worker import HANG_GRACE_S
 from .worker_process import (
     WorkerProcess,
-    await_ready,
-    children_allowed,
     death,
     ended,
-    last_words,
     poll,
     send,
-    stop_all,
 )
+from .worker_set import WorkerSet
 
 _POLL_S = 0.05
 """How often a waiting step looks at its deadline (`wait(timeout=...)` may set one late)."""
@@ -86,11 +85,12 @@ class _Held:
     """The worker's last answer about it (backend, committed): what a failure keeps."""
 
 
-class ProcessHost:
-    """The pool's MatcherHost over worker processes (see the module docstring).
+class ProcessMatchers:
+    """The pool's Matchers over worker processes (see the module docstring).
 
-    Locks: `_slots[i]` serialises everything said to worker i (and its replacement);
-    `_lock` guards the request records. A slot lock may be taken first, never the reverse.
+    Locks: a worker's slot lock (`WorkerSet.slots`) serialises everything said to it;
+    `_lock` guards the request records and which requests each worker holds. A slot lock
+    may be taken first, never the reverse.
     """
 
     def __init__(
@@ -105,55 +105,26 @@ class ProcessHost:
     ) -> None:
         """Start the workers and wait until each is ready; raise WorkerStartError, having
         stopped them all, if one dies or fails first or takes over `start_timeout_s`."""
-        self._context = multiprocessing.get_context("spawn")
-        payload = pickle.dumps(vocab)
-        self._vocab_memory = SharedMemory(create=True, size=max(1, len(payload)))
-        cast(memoryview, self._vocab_memory.buf)[: len(payload)] = payload
-        self._vocab_size = len(payload)
-        self._ring = ring
         self._compile_timeout_s = compile_timeout_s
-        self._compile_memory_bytes = compile_memory_bytes
-        self._factory = backend_factory
-        self._stop_row = torch.zeros(1, ring.shape[2], dtype=torch.int32)
-        fill_stop_only(self._stop_row, 0, vocab.stop_token_ids)
+        self._stop_row = stop_row(vocab)
         self._held: dict[RequestId, _Held] = {}
         self._lock = threading.Lock()
-        self._slots = [threading.Lock() for _ in range(workers)]
         self._steps_in_flight = 0
-        self.restarts = 0
-        self._broken: dict[int, str] = {}
-        """Worker index -> why its replacement could not start (it is not restarted)."""
-        self._workers: list[WorkerProcess] = []
-        try:
-            for index in range(workers):
-                self._workers.append(self._spawn(index))
-            await_ready(self._workers, start_timeout_s)
-        except BaseException:
-            stop_all(self._workers)
-            self._vocab_memory.close()
-            self._vocab_memory.unlink()
-            raise
-
-    def _spawn(self, index: int) -> WorkerProcess:
-        parent, child = self._context.Pipe()
-        process = self._context.Process(
-            target=worker_main,
-            args=(
-                child,
-                (self._vocab_memory.name, self._vocab_size),
-                self._ring.memory.name,
-                self._ring.shape,
-                self._compile_timeout_s,
-                self._factory,
-                self._compile_memory_bytes,
-            ),
-            name=f"grammarmask-worker-{index}",
-            daemon=True,
+        self._workers = WorkerSet(
+            vocab,
+            workers,
+            ring,
+            compile_timeout_s,
+            backend_factory,
+            start_timeout_s,
+            compile_memory_bytes,
         )
-        with children_allowed():
-            process.start()
-        child.close()
-        return WorkerProcess(index, process, parent)
+        self._slots = self._workers.slots
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far."""
+        return self._workers.restarts
 
     def worker_of(self, request_id: RequestId) -> int:
         """The index of the worker holding a request (for tests that fault one)."""
@@ -162,7 +133,7 @@ class ProcessHost:
 
     def pids(self) -> list[int]:
         """Process ids of the current workers (for monitoring, and tests that kill one)."""
-        return [int(w.process.pid) for w in self._workers]
+        return self._workers.pids()
 
     # ------------------------------------------------------------------ requests
     def add(
@@ -178,18 +149,18 @@ class ProcessHost:
         held = _Held(request_id, grammar, backend, -1, allow_unenforced)
         with self._lock:
             if request_id in self._held:
-                raise GrammarMaskError(f"request {request_id!r} is already in the pool")
+                raise GrammarMaskError(already_added(request_id))
             self._held[request_id] = held
         while True:
             with self._lock:
-                running = [w for w in self._workers if w.index not in self._broken]
+                running = self._workers.in_service()
                 if not running:
-                    held.failed = f"no worker process is running: {self._broken[0]}"
+                    held.failed = f"no worker process is running: {self._workers.broken[0]}"
                     return RequestState(request_id, "failed", held.failed, backend=backend)
                 index = min(running, key=lambda w: len(w.held)).index
             with self._slots[index]:
                 worker = self._alive(self._workers[index], "idle")
-                if index in self._broken:  # it died before it was ready: choose again
+                if index in self._workers.broken:  # it died before it was ready: choose again
                     continue
                 held.worker = index
                 worker.held.add(request_id)
@@ -235,7 +206,7 @@ class ProcessHost:
         with self._lock:
             held = self._held.get(request_id)
         if held is None:
-            return RequestState(request_id, "failed", f"unknown request id {request_id!r}")
+            return RequestState(request_id, "failed", unknown_request(request_id))
         if held.failed is None:
             with self._slots[held.worker]:
                 try:
@@ -284,61 +255,32 @@ class ProcessHost:
         return self._replace(worker, f"{death(worker)} while {doing}", kill=False)
 
     def _replace(
-        self,
-        worker: WorkerProcess,
-        reason: str,
-        *,
-        kill: bool,
-        spare: frozenset[RequestId] = frozenset(),
+        self, worker: WorkerProcess, reason: str, *, kill: bool, replay: bool = False
     ) -> WorkerProcess:
-        """Stop `worker` (slot lock held), fail the requests it held with `reason` except
-        `spare`, which are replayed on its replacement, started at the same index. A worker
-        that ended before it was ready is not replaced: its index stays out of service
-        (`_broken`), and every request it held fails saying why it could not start."""
-        if kill:
-            worker.process.kill()
-        worker.process.join()
-        last = last_words(worker)
-        worker.conn.close()
-        if worker.index in self._broken:
-            return worker
-        if not worker.ready:
-            return self._retire(worker, ended(worker, last, "") if last else reason)
-        new = self._spawn(worker.index)
+        """Stop `worker` (slot lock held) and start its replacement at the same index. The
+        requests it held fail with `reason`, or with `replay` those not failed already are
+        replayed on the replacement. A worker that ended before it was ready is not
+        replaced: its index stays out of service, and every request it held fails saying
+        why it could not start."""
+        new = self._workers.restart(worker, reason, kill=kill)
         with self._lock:
-            self.restarts += 1
             for request_id in worker.held:
                 held = self._held.get(request_id)
                 if held is None or held.failed is not None:
                     continue
-                if request_id in spare:
+                if new is None:
+                    held.failed = self._workers.broken[worker.index]
+                elif replay:
                     new.held.add(request_id)
-                    replay = Add(
-                        request_id,
-                        held.grammar,
-                        held.backend,
-                        held.allow_unenforced,
-                        tuple(held.commits),
-                        replay=True,
-                    )
-                    send(new, replay)
+                    send(new, _replay(held))
                 else:
                     held.failed = reason
+            if new is None:
+                worker.held = set()
+                return worker
             new.pending_removes = worker.pending_removes
-            self._workers[worker.index] = new
+            self._workers.install(new)
         return new
-
-    def _retire(self, worker: WorkerProcess, reason: str) -> WorkerProcess:
-        """Take a worker that could not start out of service (slot lock held)."""
-        why = f"worker process could not restart: {reason}"
-        with self._lock:
-            self._broken[worker.index] = why
-            for request_id in worker.held:
-                held = self._held.get(request_id)
-                if held is not None and held.failed is None:
-                    held.failed = why
-            worker.held = set()
-        return worker
 
     # ------------------------------------------------------------------ the step
     def begin(self, plan: StepPlan) -> StepRun:
@@ -355,7 +297,7 @@ class ProcessHost:
                     continue
                 held = self._held.get(request_id)
                 if held is None:
-                    reason = f"unknown request id {request_id!r}: add() it before its first step"
+                    reason = not_added(request_id)
                     held = _Held(request_id, None, "", -1, failed=reason)  # not kept
                 if held.failed is not None:
                     failed[position] = None if held.reported else held.failed
@@ -418,7 +360,7 @@ class ProcessHost:
         held): a worker that dies fails its requests; one past the deadline is expired. Its
         time before it takes the step up (a restart, a replay) does not count against the
         deadline."""
-        progress = self._ring.progress[slot]
+        progress = self._workers.ring.progress[slot]
         started = time.monotonic()
         waiting: dict[int, WorkerProcess] = {}
         begun: dict[int, float] = {}
@@ -469,8 +411,8 @@ class ProcessHost:
         said if it could not start)."""
         reason = ended(worker, last, "while filling masks")
         self._replace(worker, reason, kill=False)
-        if worker.index in self._broken:
-            reason = self._broken[worker.index]
+        if worker.index in self._workers.broken:
+            reason = self._workers.broken[worker.index]
         for entry in entries:
             self._fail_rows(host, entry, result, reason)
 
@@ -486,7 +428,6 @@ class ProcessHost:
         finished, fail the late requests alone and replay the others on its replacement."""
         worker.process.kill()
         worker.process.join()
-        late: set[RequestId] = set()
         for entry in entries:
             done = int(progress[entry.position])
             if done > 0:
@@ -496,14 +437,11 @@ class ProcessHost:
             if done < 0:
                 reason = "matcher error while filling the step's masks (worker then replaced)"
             self._fail_rows(host, entry, result, reason)
-            late.add(entry.request_id)
             with self._lock:
                 held = self._held.get(entry.request_id)
                 if held is not None:
                     held.failed = reason
-        with self._lock:
-            spare = frozenset(worker.held - late)
-        self._replace(worker, DEADLINE_REASON, kill=False, spare=spare)
+        self._replace(worker, DEADLINE_REASON, kill=False, replay=True)
 
     def _fail_rows(
         self, host: torch.Tensor, entry: FillEntry, result: FillResult, reason: str | None
@@ -527,18 +465,19 @@ class ProcessHost:
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        for index, worker in enumerate(self._workers):
-            with self._slots[index]:
-                send(worker, Close())
-        for worker in self._workers:
-            worker.process.join(timeout=5.0)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
-            worker.conn.close()
-        self._ring.close()
-        self._vocab_memory.close()
-        self._vocab_memory.unlink()
+        self._workers.close()
+
+
+def _replay(held: _Held) -> Add:
+    """The message that re-creates a request on a new worker: its grammar and commits."""
+    return Add(
+        held.request_id,
+        held.grammar,
+        held.backend,
+        held.allow_unenforced,
+        tuple(held.commits),
+        replay=True,
+    )
 
 
 def _past(sync: StepSync, begun: float | None, started: float, now: float) -> bool:

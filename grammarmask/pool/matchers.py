@@ -1,5 +1,5 @@
 """Where a pool's matchers live: the interface the pool talks to, over threads of this
-process (ThreadHost) or worker processes (ProcessHost)."""
+process (ThreadMatchers) or worker processes (ProcessMatchers)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ StepRun = Callable[[int, torch.Tensor, StepSync, Callable[[], object]], FillResu
 the last argument is work for the calling thread while the fill runs elsewhere."""
 
 
-class MatcherHost(Protocol):
+class Matchers(Protocol):
     """The requests of one pool and their matchers, wherever they live.
 
     Every method answers for one request without raising for it (a failure is a state with
@@ -57,4 +57,4 @@ class MatcherHost(Protocol):
         the rest happens where the step is filled."""
 
     def close(self) -> None:
-        """Stop the host's threads or processes, without waiting for a hanging fill."""
+        """Stop the matchers' threads or processes, without waiting for a hanging fill."""
