@@ -1,11 +1,9 @@
 """Compilation off the hot path: background threads, a timeout, and a bounded LRU cache.
 
 outlines-core needs seconds per schema, so compiled grammars are cached by backend + spec +
-options + vocabulary, and a request for a grammar already compiling waits for that same
-compilation instead of starting another. Failures are cached too: a bad spec sent twice
-fails twice at once. The cache is bounded in entries and in bytes (each compiled grammar's
-`memory_bytes`); the least recently used entries go first. Eviction only drops the cache's
-reference: requests already serving a grammar keep it.
+options + vocabulary (compile_cache.py), and a request for a grammar already compiling
+waits for that same compilation instead of starting another. Failures are cached too: a
+bad spec sent twice fails twice at once.
 
 backend="auto" picks per grammar the first backend of `AUTO_ORDER` that enforces all of it
 (nothing declared unenforced, and its compile does not refuse it); each actual backend's
@@ -43,6 +41,7 @@ from dataclasses import dataclass
 
 from .backends import AUTO, Backend, CompiledGrammar, auto_order, create_backend, installed_backends
 from .backends.base import CompileBudget
+from .compile_cache import CacheKey, CompileCache
 from .errors import (
     CompileAbandonedError,
     CompileTimeoutError,
@@ -54,7 +53,6 @@ from .grammars import Grammar
 from .schema import LoweredSchema, lower_schema
 from .vocabulary import Vocabulary
 
-CacheKey = tuple[str, tuple[str, str, str, bool, int], str]
 _MAX_NICE = 19
 _LOWERED_KEPT = 64
 """Lowered schemas a compiler keeps for the grammars it was last asked about."""
@@ -129,10 +127,6 @@ class GrammarCompiler:
             compile_memory_bytes: the memory one stoppable compile may take (None:
                 `default_compile_memory_bytes()`).
         """
-        if cache_size < 1:
-            raise ValueError(f"cache_size must be at least 1, not {cache_size}")
-        if cache_bytes < 1:
-            raise ValueError(f"cache_bytes must be at least 1, not {cache_bytes}")
         if compile_memory_bytes is not None and compile_memory_bytes < 1:
             raise ValueError(f"compile_memory_bytes must be positive, not {compile_memory_bytes}")
         self.vocab = vocab
@@ -141,11 +135,7 @@ class GrammarCompiler:
             default_compile_memory_bytes() if compile_memory_bytes is None else compile_memory_bytes
         )
         self._in_flight: dict[Future[CompiledGrammar], _InFlight] = {}
-        self._cache_size = cache_size
-        self._cache_bytes = cache_bytes
-        self._cache: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
-        self._sizes: dict[CacheKey, int] = {}
-        self._bytes = 0
+        self._cache = CompileCache(cache_size, cache_bytes)
         self._backends: dict[str, Backend] = dict(backends or {})
         self._lowered: OrderedDict[str, LoweredSchema] = OrderedDict()
         self._lock = threading.Lock()
@@ -288,7 +278,7 @@ class GrammarCompiler:
         with self._lock:
             future = self._cache.get(key)
             if future is not None and not self._compiles_anew(future, limit_s):
-                self._cache.move_to_end(key)
+                self._cache.touch(key)
                 flight = self._in_flight.get(future)
                 if flight is not None:  # one more waiter for a compile in flight
                     flight.waiters += 1
@@ -300,8 +290,7 @@ class GrammarCompiler:
             self._in_flight[future] = flight
             if future.done():  # the executor ran it before the line above (a closed one)
                 self._in_flight.pop(future, None)
-            self._cache[key] = future
-            self._evict()
+            self._cache.put(key, future)
         future.add_done_callback(self._landed)
         return future
 
@@ -325,13 +314,8 @@ class GrammarCompiler:
         from the cache (the next request compiles anew)."""
         with self._lock:
             flight = self._in_flight.pop(future, None)
-            if (
-                flight is not None
-                and isinstance(future.exception(), CompileAbandonedError)
-                and self._cache.get(flight.key) is future
-            ):
-                del self._cache[flight.key]
-                self._bytes -= self._sizes.pop(flight.key, 0)
+            if flight is not None and isinstance(future.exception(), CompileAbandonedError):
+                self._cache.drop(flight.key, future)
 
     def _run(
         self, flight: _InFlight, work: Callable[[_InFlight], CompiledGrammar], counted: bool
@@ -346,19 +330,8 @@ class GrammarCompiler:
             raise CompileTimeoutError(str(exc), flight.limit_s) from None
         if counted:
             with self._lock:
-                if self._cache.get(flight.key) is not None and flight.key not in self._sizes:
-                    self._sizes[flight.key] = compiled.memory_bytes
-                    self._bytes += compiled.memory_bytes
-                    self._evict()
+                self._cache.count(flight.key, compiled.memory_bytes)
         return compiled
-
-    def _evict(self) -> None:
-        """Drop least recently used entries until both bounds hold (lock held)."""
-        while self._cache and (
-            len(self._cache) > self._cache_size or self._bytes > self._cache_bytes
-        ):
-            key, _ = self._cache.popitem(last=False)
-            self._bytes -= self._sizes.pop(key, 0)
 
     def check(self, grammar: Grammar, backend: str = AUTO, allow_unenforced: bool = False) -> None:
         """Raise now what a compile of `grammar` on `backend` would refuse that the support
@@ -482,7 +455,7 @@ class GrammarCompiler:
     def cached_bytes(self) -> int:
         """Estimated memory of the finished compiled grammars in the cache."""
         with self._lock:
-            return self._bytes
+            return self._cache.bytes
 
     def close(self) -> None:
         """Stop the worker threads and the backends' compile processes; compilations in

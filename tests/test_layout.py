@@ -114,7 +114,7 @@ LAYERS = (
     ("grammarmask.schema",),
     ("grammarmask.grammars", "grammarmask.vocabulary", "grammarmask.resources"),
     ("grammarmask.backends",),
-    ("grammarmask.compiler", "grammarmask.masks"),
+    ("grammarmask.compile_cache", "grammarmask.compiler", "grammarmask.masks"),
     ("grammarmask.device",),
     ("grammarmask.pool",),
     ("grammarmask.integrations",),
