@@ -1,9 +1,11 @@
 """Write docs/enforcement-matrix.md: every keyword at every position on each installed
 backend (grammarmask.tools.enforcement_matrix), with the backends' versions.
 
-    python scripts/enforcement_matrix.py [--backend NAME ...] [--out PATH] [--append]
+    python scripts/enforcement_matrix.py [--backend NAME ...] [--out PATH] [--append] [--pairs]
 
---append adds the tables to PATH (another environment's backend versions).
+--append adds the tables to PATH (another environment's backend versions). --pairs adds,
+per backend but outlines, every keyword at every pair of positions (one nested in the
+other), one mark per pair.
 
 outlines builds an index for every cell, so its column takes most of the time.
 """
@@ -31,22 +33,31 @@ def main() -> int:
     parser.add_argument("--vocab", default="smollm2")
     parser.add_argument("--out", type=Path, default=Path("docs/enforcement-matrix.md"))
     parser.add_argument("--append", action="store_true", help="add to OUT, no header")
+    parser.add_argument("--pairs", action="store_true", help="also every pair of positions")
     args = parser.parse_args()
     backends = args.backend or list(BACKENDS)
     compiler = gm.GrammarCompiler(load_vocabulary(args.vocab), timeout_s=300)
     cells: list[em.Cell] = []
+    pair_cells: list[em.Cell] = []
     work = [(b, k, p) for b in backends for k in em.KEYWORDS for p in em.POSITIONS]
+    # outlines builds an index per cell (seconds each): its pairs would take hours
+    paired = [b for b in backends if b != "outlines"]
+    pairs = [(b, k, p) for b in paired for k in em.KEYWORDS for p in em.PAIRS]
     try:
         for backend, case, position in tqdm(work, desc="cells", unit="cell"):
             cells.append(em.measure(compiler, backend, case, position))
+        for backend, case, position in tqdm(pairs if args.pairs else [], desc="pairs"):
+            pair_cells.append(em.measure(compiler, backend, case, position))
     finally:
         compiler.close()
-    unsound = [c for c in cells if c.verdict == em.UNSOUND]
+    text = em.render(cells) + ("\n" + em.render_pairs(pair_cells) if pair_cells else "")
     if args.append:
         with args.out.open("a", encoding="utf-8") as out:
-            out.write("\n" + em.render(cells))
+            out.write("\n" + text)
     else:
-        args.out.write_text(HEADER.format(vocab=args.vocab) + em.render(cells), encoding="utf-8")
+        args.out.write_text(HEADER.format(vocab=args.vocab) + text, encoding="utf-8")
+    cells += pair_cells
+    unsound = [c for c in cells if c.verdict == em.UNSOUND]
     print(f"wrote {args.out}: {len(cells)} cells, {len(unsound)} unsound")
     for cell in unsound:
         print(f"UNSOUND: {cell.keyword} at {cell.position} on {cell.backend}", file=sys.stderr)
@@ -66,6 +77,12 @@ names a keyword it leaves out, so `auto` does not serve it without `allow_unenfo
 `r` refused: the backend does not compile it. `*` the valid instance was refused too (a
 completeness gap). **UNSOUND** would be a keyword silently ignored: none is. What the
 declarations are, per backend: [backends.md](backends.md).
+
+The tables "two levels deep" (`--pairs`) nest every position in every other (a combinator
+in a combinator, a `$ref` as a branch, a combinator under properties, items or
+additionalProperties, recursion around each) and measure every keyword there; each mark
+sums up the keywords of one pair: UNSOUND if any is, `d` if any is declared, `r` if any is
+refused, `✓` if all are enforced.
 
 """
 

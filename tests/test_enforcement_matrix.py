@@ -20,8 +20,17 @@ def compiler(smollm2: gm.Vocabulary) -> Any:
 
 def test_every_position_keeps_each_cases_verdicts() -> None:
     for case in em.KEYWORDS:
-        for position in em.POSITIONS:
+        for position in (*em.POSITIONS, *em.PAIRS):
             em.wrapped(case, position)  # raises where a wrapping changes a verdict
+
+
+def test_pairs_nest_every_position_in_every_other_and_keep_references_whole() -> None:
+    outer = next(p for p in em.POSITIONS if p.name == "through $ref")
+    inner = next(p for p in em.POSITIONS if p.name == "recursive $ref")
+    nested = em.composed(outer, inner).schema({"const": 1})
+    assert set(nested["$defs"]) == {"d", "n_in"}  # both definitions at the root
+    assert nested["$defs"]["d"] == {"$ref": "#/$defs/n_in"}
+    assert len(em.PAIRS) == (len(em.POSITIONS) - 1) ** 2
 
 
 def _unsound(cells: list[em.Cell]) -> list[em.Cell]:
@@ -37,6 +46,24 @@ def test_no_cell_is_unsound(compiler: gm.GrammarCompiler, backend: str) -> None:
     assert enforced, f"{backend} enforces nothing: the matrix measures nothing"
     # "enforced" by refusing everything would be no enforcement: the valid instance passes
     assert [c for c in enforced if not c.valid_accepted] == []
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_no_cell_two_levels_deep_is_unsound(compiler: gm.GrammarCompiler, backend: str) -> None:
+    """Every pair of positions, one keyword each (taken in turn; the slow run below has
+    them all): a keyword nested two levels deep is enforced, declared or refused."""
+    cells = [em.measure(compiler, backend, case, pair) for case, pair in em.rotated(em.PAIRS)]
+    assert _unsound(cells) == []
+    enforced = [c for c in cells if c.verdict == em.ENFORCED]
+    assert enforced and [c for c in enforced if not c.valid_accepted] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_no_cell_of_any_keyword_two_levels_deep_is_unsound(
+    compiler: gm.GrammarCompiler, backend: str
+) -> None:
+    assert _unsound(em.matrix(compiler, [backend], positions=em.PAIRS)) == []
 
 
 @pytest.mark.slow
@@ -63,5 +90,21 @@ def test_a_hidden_declaration_is_found_unsound(
         beside = next(p for p in em.POSITIONS if p.name == "beside anyOf")
         case = next(c for c in em.KEYWORDS if c.keyword == "maxLength")
         assert em.measure(compiler, "xgrammar", case, beside).verdict == em.UNSOUND
+    finally:
+        compiler.close()
+
+
+def test_a_hidden_declaration_two_levels_deep_is_found_unsound(
+    smollm2: gm.Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pairs can fail: with xgrammar's declarations silenced, a const inside an allOf
+    inside a oneOf branch (beside which xgrammar ignores it) shows up as unsound."""
+    compiler = gm.GrammarCompiler(smollm2)
+    try:
+        backend = compiler.backend("xgrammar")
+        monkeypatch.setattr(type(backend), "unenforced", lambda self, grammar, lowered: ())
+        pair = next(p for p in em.PAIRS if p.name == "oneOf branch > allOf beside a $ref")
+        case = next(c for c in em.KEYWORDS if c.keyword == "const")
+        assert em.measure(compiler, "xgrammar", case, pair).verdict == em.UNSOUND
     finally:
         compiler.close()

@@ -72,8 +72,14 @@ class Position:
 
 
 def _beside(keyword: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The schema with a combinator beside its keywords that every value satisfies."""
-    return lambda s: {**s, keyword: [{"minLength": 0}, {"type": "null"}]}
+    """The schema with a combinator beside its keywords that every value satisfies (inside
+    an allOf beside them where the schema has that combinator already)."""
+    every = [{"minLength": 0}, {"type": "null"}]
+    return lambda s: (
+        {**s, keyword: every}
+        if keyword not in s
+        else {**s, "allOf": [*s.get("allOf", []), {keyword: every}]}
+    )
 
 
 POSITIONS: tuple[Position, ...] = (
@@ -87,14 +93,61 @@ POSITIONS: tuple[Position, ...] = (
     Position("oneOf branch", lambda s: {"oneOf": [s, {"type": "null"}]}, lambda v: v),
     Position("allOf branch", lambda s: {"allOf": [s]}, lambda v: v),
     Position("beside anyOf", _beside("anyOf"), lambda v: v),
-    Position("beside allOf", lambda s: {**s, "allOf": [{"minLength": 0}]}, lambda v: v),
+    Position("beside allOf", lambda s: {**s, "allOf": [*s.get("allOf", []), {"minLength": 0}]},
+             lambda v: v),
     Position("through $ref", lambda s: {"$defs": {"d": s}, "type": "object",
                                         "properties": {"p": {"$ref": "#/$defs/d"}},
                                         "required": ["p"]}, lambda v: {"p": v}),
     Position("recursive $ref", lambda s: {"$defs": {"n": {"anyOf": [s, {
         "type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}]}},
         "$ref": "#/$defs/n"}, lambda v: [[v]]),
+    Position("$ref as allOf branch", lambda s: {"$defs": {"b": s},
+                                                "allOf": [{"$ref": "#/$defs/b"}]}, lambda v: v),
+    Position("allOf beside a $ref", lambda s: {"$defs": {"any": {}},
+                                               "allOf": [s, {"$ref": "#/$defs/any"}]},
+             lambda v: v),
+    Position("oneOf of one", lambda s: {"oneOf": [s]}, lambda v: v),
 )  # fmt: skip
+"""Each place a keyword's schema can sit, one level deep; `composed` nests them in pairs."""
+
+
+def composed(outer: Position, inner: Position) -> Position:
+    """`inner` inside `outer`: the keyword two levels deep. The inner position's `$defs`
+    move to the root (renamed, with its references), so that JSON pointers still land."""
+
+    def schema(s: dict[str, Any]) -> dict[str, Any]:
+        nested = inner.schema(s)
+        defs = nested.pop("$defs", {}) if "$defs" in nested else {}
+        renamed = {f"{name}_in": _renamed_refs(body, defs) for name, body in defs.items()}
+        whole = outer.schema(_renamed_refs(nested, defs))
+        if renamed:
+            whole = {**whole, "$defs": {**whole.get("$defs", {}), **renamed}}
+        return whole
+
+    return Position(
+        f"{outer.name} > {inner.name}", schema, lambda v: outer.instance(inner.instance(v))
+    )
+
+
+def _renamed_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with each reference into `defs` pointed at its renamed (`_in`) definition."""
+    if isinstance(node, dict):
+        out = {k: _renamed_refs(v, defs) for k, v in node.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs:
+            out["$ref"] = f"{ref}_in"
+        return out
+    if isinstance(node, list):
+        return [_renamed_refs(item, defs) for item in node]
+    return node
+
+
+PAIRS: tuple[Position, ...] = tuple(
+    composed(outer, inner) for outer in POSITIONS[1:] for inner in POSITIONS[1:]
+)
+"""Every position inside every other (the top level aside): combinators in combinators,
+`$ref` as a branch, combinators under properties, items and additionalProperties, and
+recursion around each."""
 
 ENFORCED, DECLARED, REFUSED, UNSOUND = "enforced", "declared", "refused", "UNSOUND"
 
@@ -193,3 +246,45 @@ def render(cells: Sequence[Cell]) -> str:
             lines.append(f"| {keyword} | " + " | ".join(marks) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def rotated(positions: Sequence[Position]) -> list[tuple[KeywordCase, Position]]:
+    """One keyword case per position, the cases taken in turn: every position measured,
+    every case at many of them, in a fraction of the whole matrix's time."""
+    return [(KEYWORDS[i % len(KEYWORDS)], p) for i, p in enumerate(positions)]
+
+
+def render_pairs(cells: Sequence[Cell]) -> str:
+    """Markdown: one table per backend, outer positions down and inner across, each cell
+    the verdict over every keyword there (UNSOUND if any keyword is, else `d` if any is
+    declared, `r` if any is refused, else `✓`; `*` where a valid instance was refused)."""
+    lines: list[str] = []
+    for backend in dict.fromkeys(c.backend for c in cells):
+        mine = [c for c in cells if c.backend == backend]
+        outers = list(dict.fromkeys(_pair_names(c)[0] for c in mine))
+        inners = list(dict.fromkeys(_pair_names(c)[1] for c in mine))
+        grouped: dict[tuple[str, str], list[Cell]] = {}
+        for cell in mine:
+            grouped.setdefault(_pair_names(cell), []).append(cell)
+        lines += [f"### {backend} {backend_version(backend)}, two levels deep", ""]
+        lines.append("| outer \\ inner | " + " | ".join(inners) + " |")
+        lines.append("|---" * (len(inners) + 1) + "|")
+        for outer in outers:
+            marks = [_worst(grouped.get((outer, inner), [])) for inner in inners]
+            lines.append(f"| {outer} | " + " | ".join(marks) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _pair_names(cell: Cell) -> tuple[str, str]:
+    """(outer, inner) of a cell measured at a position from `composed`."""
+    outer, _, inner = cell.position.partition(" > ")
+    return outer, inner
+
+
+def _worst(cells: Sequence[Cell]) -> str:
+    if not cells:
+        return ""
+    verdicts = {c.verdict for c in cells}
+    worst = next(v for v in (UNSOUND, DECLARED, REFUSED, ENFORCED) if v in verdicts)
+    return _MARKS[worst] + ("*" if any(c.valid_accepted is False for c in cells) else "")

@@ -100,7 +100,7 @@ def _wrap_input_processor(module: ModuleType) -> None:
     def _validate_params(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         if not chosen(self.structured_outputs_config):
             return original(self, params, *args, **kwargs)
-        token = _SETTINGS.set(_settings(self.vllm_config.additional_config))
+        token = _SETTINGS.set(_settings(self))
         try:
             return original(self, params, *args, **kwargs)
         finally:
@@ -109,17 +109,17 @@ def _wrap_input_processor(module: ModuleType) -> None:
     processor._validate_params = _validate_params
 
 
-@functools.lru_cache(maxsize=8)
-def _settings_of(text: str) -> PluginSettings:
-    import json
-
-    return PluginSettings.from_additional_config(json.loads(text))
+_SETTINGS_ATTRIBUTE = "_grammarmask_settings"
 
 
-def _settings(additional_config: Any) -> PluginSettings:
-    import json
-
-    return _settings_of(json.dumps(additional_config or {}, sort_keys=True, default=str))
+def _settings(processor: Any) -> PluginSettings:
+    """The engine's grammarmask settings, read from `additional_config` once per input
+    processor (the config is fixed for an engine's lifetime): not again per request."""
+    settings: PluginSettings | None = getattr(processor, _SETTINGS_ATTRIBUTE, None)
+    if settings is None:
+        settings = PluginSettings.from_additional_config(processor.vllm_config.additional_config)
+        setattr(processor, _SETTINGS_ATTRIBUTE, settings)
+    return settings
 
 
 def _admit(original: Callable[..., None]) -> Callable[..., None]:
