@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from ..backends import CompiledGrammar
 from ..compiler import GrammarCompiler
 from ..errors import (
     GrammarError,
@@ -33,6 +34,10 @@ from ..grammars import Grammar
 from ..schema import lower_schema
 from .conformance import Record, byte_token_ids, feed, judge_invalid_accepted, serialize, validates
 from .known_vocabs import KNOWN_VOCABULARIES, load_encoder, load_vocabulary
+from .mutants import mutants
+
+_MUTATED_INSTANCES = 5
+"""Valid instances of one schema whose mutants `--mutate` feeds (the corpus has 1-3)."""
 
 
 def _verdict(schema: Any, instance: Any) -> bool | None:
@@ -150,6 +155,10 @@ class Checker:
             verdict = judge_invalid_accepted(schema, compiled.unenforced, test["data"])
             counts[f"invalid_accepted_{verdict}"] += 1
             findings.append({"test": index, "outcome": f"invalid_accepted_{verdict}", "text": text})
+        mutate = int(request.get("mutate", 0))
+        if mutate:
+            instances = [t["data"] for t in tests if t["valid"]][:_MUTATED_INSTANCES]
+            self._mutants(schema, compiled, instances, request, counts, findings, mutate)
         for finding in findings:
             finding["text"] = finding["text"][:300]
         return {
@@ -162,6 +171,42 @@ class Checker:
             "counts": dict(counts),
             "findings": findings,
         }
+
+    def _mutants(
+        self,
+        schema: Any,
+        compiled: CompiledGrammar,
+        instances: list[Any],
+        request: dict[str, Any],
+        counts: Counter[str],
+        findings: list[dict[str, Any]],
+        limit: int,
+    ) -> None:
+        """Feed mutants of the valid instances (`limit` in all): each the schema refuses
+        must be refused by the mask, or be explained by a declaration."""
+        matcher = compiled.matcher()
+        share = max(1, limit // max(1, len(instances)))
+        try:
+            for instance in instances:
+                for mutant in mutants(schema, instance, share):
+                    counts["mutants"] += 1
+                    text, _ = serialize(schema, mutant.instance, request["whitespace"])
+                    if not feed(matcher, self.encode(text))[0]:
+                        counts["mutants_rejected"] += 1
+                        continue
+                    verdict = judge_invalid_accepted(schema, compiled.unenforced, mutant.instance)
+                    counts[f"mutant_accepted_{verdict}"] += 1
+                    if verdict != "explained":
+                        findings.append({
+                            "outcome": f"mutant_accepted_{verdict}",
+                            "keyword": mutant.keyword,
+                            "schema_pointer": mutant.schema_pointer,
+                            "at": mutant.at,
+                            "edit": mutant.edit,
+                            "text": text,
+                        })  # fmt: skip
+        except SchemaJudgeError:
+            counts["mutants_unjudged"] += 1
 
 
 def _at_byte(as_bytes: tuple[bool, int] | None) -> int | None:

@@ -230,6 +230,14 @@ def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.Argume
     conformance.add_argument(
         "--check-timeout", type=float, default=120.0, help="limit for checking the tests (s)"
     )
+    conformance.add_argument(
+        "--mutate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also feed up to N mutants of each schema's valid instances, each one the schema "
+        "refuses (a mask that accepts one, undeclared, is a hole at the keyword it breaks)",
+    )
     conformance.add_argument("--jobs", type=int, default=1, help="worker processes")
     conformance.add_argument("--limit", type=int, help="only the first N schemas")
     conformance.add_argument("--sample", type=int, help="a seeded random sample of N schemas")
@@ -242,8 +250,8 @@ def _add_conformance_parser(commands: argparse._SubParsersAction[argparse.Argume
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    """Exit 0 when no schema crashed and no invalid instance was accepted undeclared,
-    1 otherwise, 2 for unusable arguments."""
+    """Exit 0 when no schema crashed and no invalid instance or mutant was accepted
+    undeclared, 1 otherwise, 2 for unusable arguments."""
     import json
 
     from tqdm import tqdm
@@ -275,6 +283,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         allow_unenforced=args.allow_unenforced,
         compile_timeout_s=args.timeout,
         check_timeout_s=args.check_timeout,
+        mutate=args.mutate,
     )
     print(
         f"corpus {directory}: {len(files)} schema(s) x {', '.join(backends)}; "
@@ -307,7 +316,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     totals = cr.summarize([*previous, *records])
     print(cr.summary_table(totals))
     print(cr.lowering_line([*previous, *records]))
-    bad = sum(t["crash"] + t["invalid_accepted_defect"] for t in totals.values())
+    bad = sum(
+        t["crash"] + t["invalid_accepted_defect"] + t["mutant_accepted_defect"]
+        for t in totals.values()
+    )
     return 1 if bad else 0
 
 

@@ -275,6 +275,8 @@ class ConformanceOptions:
     compile_timeout_s: float = 30.0
     check_timeout_s: float = 120.0
     start_timeout_s: float = 300.0
+    mutate: int = 0
+    """Mutants of the valid instances to feed per schema (tools/mutants.py); 0: none."""
 
 
 def worker_command() -> list[str]:
@@ -417,6 +419,7 @@ def run_conformance(
                         "whitespace": options.whitespace,
                         "strict": options.strict,
                         "allow_unenforced": options.allow_unenforced,
+                        "mutate": options.mutate,
                     }
                 )
     records: list[Record] = []

@@ -40,6 +40,15 @@ SUMMARY_COLUMNS = (
     "invalid_accepted_defect",
     "bytes_tokens_disagree",
 )
+MUTANT_COLUMNS = (
+    "mutants",
+    "mutants_rejected",
+    "mutant_accepted_explained",
+    "mutant_accepted_unverified",
+    "mutant_accepted_defect",
+    "mutants_unjudged",
+)
+"""Shown where a run fed mutants (`--mutate`)."""
 
 
 def summarize(records: Iterable[Record]) -> dict[str, Counter[str]]:
@@ -72,7 +81,7 @@ def lowering_line(records: Sequence[Record]) -> str:
 
 
 def summary_table(totals: Mapping[str, Counter[str]]) -> str:
-    """A plain-text table, one row per backend."""
+    """A plain-text table, one row per backend (with the mutant columns where any were fed)."""
     headers = {
         "compile_error": "error",
         "invalid_schema": "bad schema",
@@ -85,11 +94,16 @@ def summary_table(totals: Mapping[str, Counter[str]]) -> str:
         "invalid_accepted_unverified": "unverified",
         "invalid_accepted_defect": "DEFECT",
         "bytes_tokens_disagree": "bytes!=ids",
+        "mutants_rejected": "mutant rej",
+        "mutant_accepted_explained": "m explained",
+        "mutant_accepted_unverified": "m unverified",
+        "mutant_accepted_defect": "MUTANT HOLE",
+        "mutants_unjudged": "m unjudged",
     }
-    rows = [["backend", *(headers.get(c, c) for c in SUMMARY_COLUMNS)]]
-    rows.extend(
-        [name, *(str(counts[c]) for c in SUMMARY_COLUMNS)] for name, counts in totals.items()
-    )
+    mutated = any(counts["mutants"] or counts["mutants_unjudged"] for counts in totals.values())
+    columns = (*SUMMARY_COLUMNS, *MUTANT_COLUMNS) if mutated else SUMMARY_COLUMNS
+    rows = [["backend", *(headers.get(c, c) for c in columns)]]
+    rows.extend([name, *(str(counts[c]) for c in columns)] for name, counts in totals.items())
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
