@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,3 +173,33 @@ def test_a_cached_compile_failure_does_not_grow_with_each_request(
     assert len(traceback.extract_tb(stored.__traceback__)) <= depths[0]
     pool.close()
     compiler.close()
+
+
+FRAGMENTED_HEAP = """
+import json, psutil
+from grammarmask.pool.heap import HeapTrimmer
+
+me = psutil.Process()
+rss = lambda: me.memory_info().rss / 2**20
+start = rss()
+blocks = [bytes(4000) + bytes([i % 256]) for i in range(40_000)]  # ~160 MiB from malloc
+kept = blocks[::64]  # one block in 64 still held: glibc cannot shrink its heap's top
+del blocks
+freed = rss()
+trimmer = HeapTrimmer(interval_s=3600.0)
+early = trimmer.maybe_trim()  # within the interval since it was made
+trimmer = HeapTrimmer(interval_s=0.0)
+print(json.dumps({"start": start, "freed": freed, "early": early,
+                  "trimmed": trimmer.maybe_trim(), "after": rss(), "kept": len(kept)}))
+"""
+
+
+def test_a_worker_gives_freed_heap_back_at_most_once_per_interval() -> None:
+    """A fresh process, so the heap is this test's alone."""
+    out = subprocess.run(
+        [sys.executable, "-c", FRAGMENTED_HEAP], capture_output=True, text=True, check=True
+    ).stdout
+    result = json.loads(out)
+    assert result["freed"] - result["start"] > 100  # freed, yet still resident
+    assert result["early"] is False and result["trimmed"] is True
+    assert result["after"] - result["start"] < 40  # given back

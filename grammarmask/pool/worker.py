@@ -19,6 +19,7 @@ from typing import cast
 from ..compiler import GrammarCompiler
 from ..errors import GrammarMaskError
 from ..vocabulary import Vocabulary
+from .heap import HeapTrimmer
 from .matchers import BackendFactory
 from .messages import Add, Begun, Commit, Fill, Ready, Remove, StartFailed, StateQuery, ToWorker
 from .requests import RequestTable
@@ -74,6 +75,7 @@ def worker_main(
         conn.send(StartFailed(error, traceback.format_exc()))
         os._exit(1)
     threads = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="grammarmask-fill")
+    heap = HeapTrimmer()
     conn.send(Ready(os.getpid()))
     while True:
         try:
@@ -102,6 +104,7 @@ def worker_main(
             _add(table, message, compile_timeout_s)
         elif isinstance(message, Remove):
             table.remove(message.request_id)
+            heap.maybe_trim()  # what the request's matcher (and an evicted grammar) freed
         else:
             break
     compiler.close()  # its compile processes end now, not at their next look at the pipe
