@@ -17,6 +17,7 @@ import pytest
 
 import grammarmask as gm
 from grammarmask.resources import bundled_sample_dir
+from grammarmask.tools.bench.vllm import cpu_dtype
 from grammarmask.tools.demo import DemoCase, validate
 from grammarmask.tools.vllm_server import VllmServer, serve
 from vllm_engine.prefixes import PrefixChecker
@@ -236,21 +237,51 @@ def test_bad_requests_get_their_400_and_the_next_is_served(server: VllmServer) -
     assert server.healthy()
 
 
+NEAR_TIE = {"bfloat16": 0.5, "float32": 0.01}
+"""How close two tokens' log-probabilities may be for a different batch shape to flip the
+greedy choice: the verifying pass scores several positions at once and its sums round
+differently; in bfloat16 logits of 16 to 32 are 0.125 to 0.25 apart."""
+
+
+def _first_divergence(plain: Any, speculative: Any) -> tuple[int, str, str, dict[str, float]]:
+    """Where two answers' tokens first differ: the position, each one's token there ("" past
+    its end) and the plain answer's top log-probabilities there; position -1 when the
+    answers are the same."""
+    plain_tokens = plain.logprobs.content
+    speculative_tokens = speculative.logprobs.content
+    for position in range(max(len(plain_tokens), len(speculative_tokens))):
+        chosen = plain_tokens[position].token if position < len(plain_tokens) else ""
+        drafted = speculative_tokens[position].token if position < len(speculative_tokens) else ""
+        if chosen != drafted:
+            top = plain_tokens[position].top_logprobs if chosen else []
+            return position, chosen, drafted, {alt.token: alt.logprob for alt in top}
+    return -1, "", "", {}
+
+
 def test_ngram_speculation_keeps_answers_valid_and_greedy_answers_equal(
     server: VllmServer,
     model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     schema_cases: list[tuple[str, str, dict[str, Any]]],
 ) -> None:
+    """Greedy answers with ngram drafts are the plain answers, token for token, except
+    where the plain run's best tokens were within NEAR_TIE of each other (then the drafts'
+    answer may take the other one): a draft the mask wrongly accepted or refused shows as
+    a divergence at a token far from the best, or one the plain mask refused."""
     chosen = schema_cases[:6]
 
-    def answers(target: VllmServer) -> list[tuple[str, str | None]]:
-        def one(case: tuple[str, str, dict[str, Any]]) -> tuple[str, str | None]:
+    def answers(target: VllmServer) -> list[Any]:
+        def one(case: tuple[str, str, dict[str, Any]]) -> Any:
             name, prompt, schema = case
             reply = ask(
-                target, prompt, max_tokens=96, response_format=json_schema_format(name, schema)
+                target,
+                prompt,
+                max_tokens=96,
+                response_format=json_schema_format(name, schema),
+                logprobs=True,
+                top_logprobs=5,
             )
-            return reply.choices[0].message.content or "", reply.choices[0].finish_reason
+            return reply.choices[0]
 
         return [one(case) for case in chosen]  # one at a time: the same batches both ways
 
@@ -265,11 +296,22 @@ def test_ngram_speculation_keeps_answers_valid_and_greedy_answers_equal(
     finally:
         speculative_server.close()
     assert "ngram" in log.lower()
-    for (name, _, schema), (text, finish) in zip(chosen, speculative, strict=True):
-        if finish == "stop":
-            assert validate(text, schema) == "valid", (name, text)
-    same = sum(a == b for a, b in zip(plain, speculative, strict=True))
-    assert same == len(chosen), list(zip(plain, speculative, strict=True))
+    near_tie = NEAR_TIE[cpu_dtype()]
+    same = 0
+    for (name, _, schema), a, b in zip(chosen, plain, speculative, strict=True):
+        if b.finish_reason == "stop":
+            assert validate(b.message.content, schema) == "valid", (name, b.message.content)
+        position, chosen_token, drafted_token, top = _first_divergence(a, b)
+        if position < 0:
+            same += 1
+            continue
+        assert drafted_token in top, (name, position, chosen_token, drafted_token, top)
+        gap = top[chosen_token] - top[drafted_token]
+        assert gap <= near_tie, (name, position, chosen_token, drafted_token, gap)
+    assert same >= len(chosen) // 2, (
+        same,
+        [(a.message.content, b.message.content) for a, b in zip(plain, speculative, strict=True)],
+    )
 
 
 QWEN3_CHAT_TEMPLATE = (
