@@ -104,7 +104,7 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         S(type="object", additionalProperties=S(type="integer"), minProperties=1),
         {"a": 1},
         {},
-        {X, OL, LL},
+        {X, LL},
     ),
     (
         "maxProperties",
@@ -182,6 +182,33 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         {"a": 1, "b": 2},
         set(),
     ),
+    # keywords of one type where the schema names no type (xgrammar skips them; outlines
+    # refuses such a schema)
+    ("pattern-without-type", S(pattern="^a+$"), "aa", "ab", {LL}),
+    ("minimum-without-type", S(minimum=3), 5, 2, {LL}),
+    ("maxLength-without-type", S(maxLength=2), "ab", "abc", {LL}),
+    ("minItems-without-type", S(minItems=2), [1, 2], [1], {LL}),
+    ("maxProperties-without-type", S(maxProperties=1), {"a": 1}, {"a": 1, "b": 2}, {LL}),
+    # keywords beside enum: xgrammar and outlines serve the listed values alone
+    ("pattern-beside-enum", S(type="string", enum=["a", "b"], pattern="^a$"), "a", "b", {LL}),
+    ("maxLength-beside-enum", S(enum=["a", "bbb"], maxLength=2), "a", "bbb", {LL}),
+    ("type-beside-enum", S(type="string", enum=["a", None]), "a", None, {LL}),
+    # ... and where every listed value satisfies them, nothing is left out
+    (
+        "enum-with-a-pattern-all-satisfy",
+        S(type="string", enum=["ab", "ac"], pattern="^a"),
+        "ab",
+        "b",
+        {X, OL, LL},
+    ),
+    # minProperties on outlines holds only on an object with nothing else to check
+    (
+        "minProperties-beside-properties",
+        S(type="object", properties=S(a=S(type="integer")), minProperties=2),
+        {"a": 1, "b": 2},
+        {"a": 1},
+        {X},  # llguidance refuses min/maxProperties beside listed properties
+    ),
     # integer-valued decimals in count keywords mean integers (lowered)
     ("maxItems-decimal", S(type="array", maxItems=2.0), [1, 2], [1, 2, 3], {X, OL, LL}),
     ("minLength-decimal", S(type="string", minLength=2.0), "ab", "a", {X, OL, LL}),
@@ -254,9 +281,16 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
 ALSO_DECLARED = {"pattern-beside-maxLength": ("maxLength",), "maxLength-with-pattern": ("pattern",)}
 """Cases a backend fails through another keyword than the one they are named after."""
 
-REFUSED_AT_COMPILE = {("oneOf", LL), ("minProperties-through-a-recursive-ref", OL)}
+UNTYPED = ("pattern", "minimum", "maxLength", "minItems", "maxProperties")
+REFUSED_AT_COMPILE = {
+    ("oneOf", LL),
+    ("minProperties-through-a-recursive-ref", OL),
+    ("minProperties-beside-properties", LL),
+    *((f"{name}-without-type", OL) for name in UNTYPED),
+}
 """Claimed keywords a backend refuses in some shapes: llguidance compiles oneOf only where
-it proves the branches exclusive; outlines serves no recursive schema. A refusal is
+it proves the branches exclusive, and min/maxProperties beside listed properties; outlines
+serves no recursive schema and no schema without a type that it cannot guess. A refusal is
 sound: `auto` moves on to the next backend."""
 
 

@@ -65,6 +65,18 @@ def test_every_mutant_is_refused_by_the_schema_and_the_limit_holds(instance: obj
         assert mutant.keyword == "const" and mutant.schema_pointer == "/const"
 
 
+def test_a_decimal_multiple_that_binary_floats_miss_is_no_mutant() -> None:
+    # jsonschema refuses -1200.1 for multipleOf 0.01 (the float quotient is not whole);
+    # as decimals it is a multiple, and a mask that accepts it is right
+    schema = {"type": "number", "multipleOf": 0.01}
+    assert not jsonschema.Draft202012Validator(schema).is_valid(-1200.1)
+    edits = {m.edit: m.instance for m in mutants(schema, 1200.1)}
+    assert "negative" not in edits and "fraction" not in edits
+    assert edits["another type"] == "0"
+    off_step = {m.edit: m.keyword for m in mutants({"type": "number", "multipleOf": 0.3}, 0.6)}
+    assert off_step["fraction"] == "multipleOf"  # 1.1 is no multiple of 0.3, as decimals
+
+
 def test_a_schema_jsonschema_cannot_judge_is_said() -> None:
     with pytest.raises(SchemaJudgeError, match="cannot judge"):
         list(mutants({"$ref": "#/$defs/missing"}, 1))

@@ -41,7 +41,7 @@ LLGUIDANCE_SUPPORT = KeywordSupport(
     enforced=COMMON_KEYWORDS
     | {
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "maxProperties", "allOf", "oneOf", "patternProperties",
+        "minProperties", "maxProperties", "allOf", "oneOf", "patternProperties",
     },
     measured_on=("1.7.6", "1.9.1"),
     formats=COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},

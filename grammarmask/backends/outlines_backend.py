@@ -17,6 +17,7 @@ from ..schema.judge import (
     COMMON_FORMATS,
     COMMON_KEYWORDS,
     beside_any_of,
+    beside_enum,
     beside_ref,
     required_outside_properties,
 )
@@ -44,16 +45,23 @@ OUTLINES_SUPPORT = KeywordSupport(
     enforced=COMMON_KEYWORDS,
     measured_on=("0.2.14",),
     formats=COMMON_FORMATS,
-    rules=(required_outside_properties, pattern_beside_length, beside_any_of, beside_ref),
+    rules=(
+        required_outside_properties,
+        pattern_beside_length,
+        beside_any_of,
+        beside_ref,
+        beside_enum,
+    ),
     format_notes=(
         ("date", "is approximated: Unicode digits and day 31 in every month pass"),
         ("date-time", "is approximated: negative years, a missing offset and day 31 pass"),
         ("time", "is approximated: a missing offset passes"),
     ),
 )
-"""Drops numeric bounds, multipleOf, maxProperties, patternProperties, propertyNames, oneOf
-exclusivity, not, if/then/else, dependentRequired, unevaluated*; refuses allOf. Beside
-`$ref` or a combinator the other keywords go unchecked."""
+"""Drops numeric bounds, multipleOf, min/maxProperties (minProperties holds only on an
+object with nothing else to check), patternProperties, propertyNames, oneOf exclusivity,
+not, if/then/else, dependentRequired, unevaluated*; refuses allOf. Beside
+`$ref`, a combinator, `enum` or `const` the other keywords go unchecked."""
 
 _INDEX_MEMORY_PER_SERIALIZED_BYTE = 3
 """An Index gives no size: its in-memory transition maps, measured by RSS, hold about three

@@ -21,6 +21,7 @@ from ..schema.judge import (
     COMMON_FORMATS,
     COMMON_KEYWORDS,
     beside_any_of,
+    beside_enum,
     beside_ref,
     required_outside_properties,
 )
@@ -68,9 +69,31 @@ def negated_class_excluding_non_ascii(node: dict[str, Any], pointer: str) -> Ite
     yield from negated_class_rule(node, pointer, may_exclude_non_ascii, "a non-ASCII character")
 
 
+_ONE_TYPE_KEYWORDS = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",
+        "minProperties", "maxProperties",
+    }
+)  # fmt: skip
+"""Keywords that constrain values of one type only."""
+
+
+def one_type_keywords_without_type(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar applies the keywords of one type only where the schema object names its
+    type: `"b"` passes `{"pattern": "^a$"}`, `2` passes `{"minimum": 3}`. Beside `enum` or
+    `const`, `beside_enum` judges them against the listed values."""
+    if "type" in node or "enum" in node or "const" in node:
+        return
+    for keyword in node:
+        if keyword in _ONE_TYPE_KEYWORDS:
+            yield Unenforced(pointer, keyword, "ignored where the schema names no type")
+
+
 XGRAMMAR_SUPPORT = KeywordSupport(
     enforced=COMMON_KEYWORDS
-    | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxProperties"},
+    | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+    | {"minProperties", "maxProperties"},
     measured_on=("0.2.8", "0.2.9"),
     formats=COMMON_FORMATS | {"ipv4", "hostname", "time"},
     rules=(
@@ -78,6 +101,8 @@ XGRAMMAR_SUPPORT = KeywordSupport(
         length_beside_pattern_or_format,
         beside_any_of,
         beside_ref,
+        beside_enum,
+        one_type_keywords_without_type,
         optional_group_ending_in_repetition,
         negated_class_excluding_non_ascii,
     ),
@@ -89,7 +114,8 @@ XGRAMMAR_SUPPORT = KeywordSupport(
 """Compiled but not enforced: uniqueItems, contains, not, if/then/else, oneOf exclusivity,
 allOf beyond types, dependentRequired, unevaluated*; multipleOf, patternProperties and
 propertyNames only in some shapes, so never trusted. Beside `$ref` or a combinator the
-other keywords go unchecked."""
+other keywords go unchecked, and so do keywords beside `enum`/`const` and the keywords of one
+type where no type is named."""
 
 _CONTROL_BYTES = bytes(range(0x20))
 _JSON_WHITESPACE_CONTROLS = b"\t\n\r"

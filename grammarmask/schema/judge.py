@@ -71,8 +71,8 @@ def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, .
 COMMON_KEYWORDS = frozenset(
     {
         "type", "enum", "const", "minLength", "maxLength", "pattern", "items", "prefixItems",
-        "minItems", "maxItems", "properties", "required", "additionalProperties",
-        "minProperties", "anyOf", "$ref",
+        "minItems", "maxItems", "properties", "required", "additionalProperties", "anyOf",
+        "$ref",
     }
 )  # fmt: skip
 """What every backend grammarmask knows enforces, in every position."""
@@ -109,3 +109,33 @@ def beside_any_of(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
         for keyword in node:
             if keyword in VOCABULARY and keyword not in combinators:
                 yield Unenforced(pointer, keyword, f"ignored beside {'/'.join(combinators)}")
+
+
+def beside_enum(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """For backends that serve `enum` or `const` as its list of values alone: a keyword
+    beside it that some listed value breaks goes unchecked (`"b"` passes `{"enum": ["a",
+    "b"], "pattern": "^a$"}`); one that every listed value satisfies changes nothing."""
+    if "enum" not in node and "const" not in node:
+        return
+    values = list(node["enum"]) if isinstance(node.get("enum"), list) else []
+    if "const" in node:
+        values.append(node["const"])
+    for keyword, value in node.items():
+        if keyword == "enum" and "const" not in node:
+            continue  # every listed value is in the list
+        if keyword in VOCABULARY and not _all_satisfy(values, keyword, value):
+            yield Unenforced(pointer, keyword, "ignored beside enum/const")
+
+
+def _all_satisfy(instances: list[Any], keyword: str, value: Any) -> bool:
+    """Whether every instance satisfies the one keyword `keyword: value`; False where that
+    cannot be judged alone (a `$ref`, a malformed value)."""
+    from jsonschema import Draft202012Validator  # imported on first use, as in dialects
+
+    try:
+        validator = Draft202012Validator(
+            {keyword: value}, format_checker=Draft202012Validator.FORMAT_CHECKER
+        )
+        return all(validator.is_valid(instance) for instance in instances)
+    except Exception:  # any failure to judge counts as a break
+        return False

@@ -16,6 +16,7 @@ import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import jsonschema
@@ -70,7 +71,8 @@ def mutants(schema: Any, instance: Any, limit: int = 200) -> Iterator[Mutant]:
             continue
         seen.add(key)
         try:
-            error = jsonschema.exceptions.best_match(validator.iter_errors(mutated))
+            errors = [e for e in validator.iter_errors(mutated) if not _rounding_only(e)]
+            error = jsonschema.exceptions.best_match(errors)
         except (Unresolvable, re.error, jsonschema.exceptions.UnknownType) as exc:
             raise SchemaJudgeError(f"jsonschema cannot judge this schema: {exc}") from exc
         if error is None:
@@ -80,6 +82,21 @@ def mutants(schema: Any, instance: Any, limit: int = 200) -> Iterator[Mutant]:
         found += 1
         if found >= limit:
             return
+
+
+def _rounding_only(error: jsonschema.exceptions.ValidationError) -> bool:
+    """A multipleOf error that only binary floating point makes: jsonschema divides floats
+    (`-1200.1 / 0.01` is not a whole number), where JSON Schema means the decimal numbers
+    written, and `-1200.1` is a multiple of `0.01`."""
+    if error.validator != "multipleOf":
+        return False
+    number, step = error.instance, error.validator_value
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in (number, step)):
+        return False
+    try:
+        return Decimal(repr(number)) % Decimal(repr(step)) == 0
+    except (ArithmeticError, ValueError):
+        return False
 
 
 def _edits(value: Any, at: str) -> Iterator[tuple[str, str, Any]]:
