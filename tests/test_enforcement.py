@@ -255,6 +255,64 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         {LL},
     ),
     (
+        "pattern-beside-format",
+        S(type="string", format="uri", pattern="^wss?://.*$"),
+        "wss://a.example",
+        "ftp://a.example",
+        {LL},
+    ),
+    (
+        "format-beside-pattern",
+        S(type="string", format="email", pattern="^[a-z@.]+$"),
+        "a@b.co",
+        "abc",
+        {LL},
+    ),
+    (
+        "properties-beside-patternProperties",
+        S(type="object", properties=S(a=S(type="string")), patternProperties={"^x-": {}}),
+        {"a": "s", "x-b": 1},
+        {"a": 0},
+        {LL},
+    ),
+    (
+        "$ref-to-an-anchor",
+        {
+            "$defs": {"p": {"$anchor": "p", "type": "integer"}},
+            "type": "object",
+            "properties": S(x={"$ref": "#p"}),
+        },
+        {"x": 1},
+        {"x": "a"},
+        {X, OL, LL},
+    ),
+    (
+        "$ref-to-a-draft-4-id",
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "definitions": {"p": {"id": "#p", "type": "integer"}},
+            "type": "object",
+            "properties": S(x={"$ref": "#p"}),
+        },
+        {"x": 1},
+        {"x": "a"},
+        {X, OL, LL},
+    ),
+    (
+        "$ref-to-an-anchor-beside-an-embedded-resource",
+        {
+            "$defs": {
+                "e": {"$id": "https://example.com/e.json", "type": "string"},
+                "p": {"$anchor": "p", "type": "integer"},
+            },
+            "type": "object",
+            "properties": S(x={"$ref": "#p"}),
+        },
+        {"x": 1},
+        {"x": "a"},
+        {LL},
+    ),
+    (
         "minProperties-through-a-recursive-ref",
         {
             "$defs": {
@@ -278,7 +336,13 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
 ]
 
 
-ALSO_DECLARED = {"pattern-beside-maxLength": ("maxLength",), "maxLength-with-pattern": ("pattern",)}
+ALSO_DECLARED = {
+    "pattern-beside-maxLength": ("maxLength",),
+    "maxLength-with-pattern": ("pattern",),
+    "properties-beside-patternProperties": ("patternProperties",),
+    "pattern-beside-format": ("format",),
+    "format-beside-pattern": ("pattern",),
+}
 """Cases a backend fails through another keyword than the one they are named after."""
 
 UNTYPED = ("pattern", "minimum", "maxLength", "minItems", "maxProperties")
@@ -286,11 +350,13 @@ REFUSED_AT_COMPILE = {
     ("oneOf", LL),
     ("minProperties-through-a-recursive-ref", OL),
     ("minProperties-beside-properties", LL),
+    ("$ref-to-an-anchor-beside-an-embedded-resource", OL),
     *((f"{name}-without-type", OL) for name in UNTYPED),
 }
 """Claimed keywords a backend refuses in some shapes: llguidance compiles oneOf only where
 it proves the branches exclusive, and min/maxProperties beside listed properties; outlines
-serves no recursive schema and no schema without a type that it cannot guess. A refusal is
+serves no recursive schema, no schema without a type that it cannot guess and no reference
+to an anchor left as one. A refusal is
 sound: `auto` moves on to the next backend."""
 
 

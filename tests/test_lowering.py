@@ -84,6 +84,24 @@ CASES: dict[str, Any] = {
         "items": [{"id": "https://example.com/root/0", "type": "integer"}],
         "additionalItems": False,
     },
+    "anchor references": {
+        "$defs": {"n": {"$anchor": "n", "type": "integer", "maximum": 3}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#n"}, "b": {"anyOf": [{"$ref": "#n"}, {"type": "string"}]}},
+    },
+    "draft-4 id anchor references": {
+        "$schema": DRAFT4,
+        "definitions": {"n": {"id": "#n", "type": "integer", "maximum": 3}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#n"}},
+    },
+    "an anchor beside an embedded resource is kept": {
+        "$defs": {
+            "e": {"$id": "https://example.com/e", "$defs": {"n": {"$anchor": "n"}}},
+            "n": {"$anchor": "n", "type": "integer"},
+        },
+        "properties": {"a": {"$ref": "#n"}},
+    },
     "draft-4 integer, read strictly": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -414,6 +432,12 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     assert "not" in lower_schema(CASES["not const with a newline is kept"]).schema
     assert "if" not in lower_schema(CASES["if/then/else on a discriminator"]).schema
     assert "if" in lower_schema(CASES["if that has no positive not is kept"]).schema
+    assert rules["anchor references"] == rules["draft-4 id anchor references"] - {"draft"}
+    assert rules["anchor references"] == {"$ref"}
+    assert lower_schema(CASES["anchor references"]).schema["properties"]["a"] == {
+        "$ref": "#/$defs/n"
+    }
+    assert rules["an anchor beside an embedded resource is kept"] == set()
 
 
 def test_a_lowered_schema_is_left_unchanged_by_lowering_again() -> None:

@@ -41,6 +41,13 @@ def pattern_beside_length(node: dict[str, Any], pointer: str) -> Iterable[Unenfo
         yield Unenforced(pointer, "pattern", "ignored when combined with minLength/maxLength")
 
 
+def format_beside_pattern(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """outlines-core builds a string with a `pattern` from the pattern alone: `"abc"`
+    passes `{"format": "email", "pattern": "^[a-z@.]+$"}`."""
+    if "pattern" in node and "format" in node:
+        yield Unenforced(pointer, "format", "ignored beside pattern")
+
+
 OUTLINES_SUPPORT = KeywordSupport(
     enforced=COMMON_KEYWORDS,
     measured_on=("0.2.14",),
@@ -48,6 +55,7 @@ OUTLINES_SUPPORT = KeywordSupport(
     rules=(
         required_outside_properties,
         pattern_beside_length,
+        format_beside_pattern,
         beside_any_of,
         beside_ref,
         beside_enum,

@@ -90,6 +90,31 @@ def one_type_keywords_without_type(node: dict[str, Any], pointer: str) -> Iterab
             yield Unenforced(pointer, keyword, "ignored where the schema names no type")
 
 
+def pattern_beside_format(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar builds a string with a `format` from the format alone: `"ftp://a.b"` passes
+    `{"format": "uri", "pattern": "^wss?://"}`."""
+    if "pattern" in node and "format" in node:
+        yield Unenforced(pointer, "pattern", "ignored beside format")
+
+
+def properties_beside_pattern_properties(
+    node: dict[str, Any], pointer: str
+) -> Iterable[Unenforced]:
+    """Beside `patternProperties` xgrammar lets any value through a listed property (its
+    names and `required` still hold): `{"a": 0}` passes `{"properties": {"a": {"type":
+    "string"}}, "patternProperties": {"^x-": {}}}`."""
+    if isinstance(node.get("patternProperties"), dict) and isinstance(node.get("properties"), dict):
+        yield Unenforced(pointer, "properties", "ignored beside patternProperties")
+
+
+def anchor_reference(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    """xgrammar follows `#` and `#/pointer` references only: through `"#name"` any value
+    passes. Lowering rewrites those it can locate as pointers."""
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#") and ref != "#" and ref[1] != "/":
+        yield Unenforced(pointer, "$ref", "a reference to an anchor is not followed")
+
+
 XGRAMMAR_SUPPORT = KeywordSupport(
     enforced=COMMON_KEYWORDS
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
@@ -103,6 +128,9 @@ XGRAMMAR_SUPPORT = KeywordSupport(
         beside_ref,
         beside_enum,
         one_type_keywords_without_type,
+        anchor_reference,
+        pattern_beside_format,
+        properties_beside_pattern_properties,
         optional_group_ending_in_repetition,
         negated_class_excluding_non_ascii,
     ),

@@ -8,7 +8,8 @@ Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in c
 keywords as integers, formats the schema's draft does not define dropped, `date`, `time`
 and `date-time` as exact patterns, dependencies and `dependentRequired` /
 `dependentSchemas` as `anyOf`, a `oneOf` as `anyOf` (of its branches where no two overlap,
-else of each branch without the others), and the `not`s that have a positive form. A
+else of each branch without the others), the `not`s that have a positive form, and
+references to plain-name anchors as JSON pointers. A
 draft-4 schema's lowered form reads "integer" as draft 4 does (`strict_integers`).
 """
 
@@ -23,7 +24,7 @@ from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
 from ..walk import map_subschemas
-from . import combinators, dialects, disjoint
+from . import anchors, combinators, dialects, disjoint
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def lower_schema(schema: Any) -> LoweredSchema:
     if not context.in_place and not pointer_refs_resolve(lowered):
         context = in_place
         lowered = _lower(schema, "", context, root=True)
+    lowered = _anchor_references(lowered, context)
     strict = dialects.strict_integers(draft)
     if strict and not context.in_place and '"integer"' in json.dumps(schema):
         context.note("", "draft", '"integer" keeps its draft-4 meaning (1.0 is none)')
@@ -113,6 +115,17 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
     return out
+
+
+def _anchor_references(lowered: Any, context: _Context) -> Any:
+    pointers = anchors.anchor_pointers(lowered)
+    if not pointers:
+        return lowered
+    rewritten: list[tuple[str, str]] = []
+    lowered = anchors.as_pointers(lowered, pointers, rewritten)
+    for pointer, detail in rewritten:
+        context.note(pointer, "$ref", f"anchor {detail}")
+    return lowered
 
 
 def _children(node: dict[str, Any], pointer: str, context: _Context) -> dict[str, Any]:
