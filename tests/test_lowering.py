@@ -84,6 +84,19 @@ CASES: dict[str, Any] = {
         "items": [{"id": "https://example.com/root/0", "type": "integer"}],
         "additionalItems": False,
     },
+    "oneOf of a pattern and values it refuses": {
+        "oneOf": [
+            {"type": "string", "pattern": "^[a-f]{2}$"},
+            {"type": "string", "enum": ["", "x"]},
+            {"type": "null"},
+        ]
+    },
+    "oneOf of a pattern and a value it takes is kept": {
+        "oneOf": [{"type": "string", "pattern": "^[a-f]{2}$"}, {"enum": ["ab", "x"]}]
+    },
+    "oneOf beside a branch of unknown keywords": {
+        "oneOf": [{"_format": "date-time", "title": "t"}, {"enum": ["a", "b"]}]
+    },
     "anchor references": {
         "$defs": {"n": {"$anchor": "n", "type": "integer", "maximum": 3}},
         "type": "object",
@@ -391,6 +404,7 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of touching bounds is kept",
         "oneOf of arrays that may be empty is kept",
         "oneOf whose not has no positive form is kept",
+        "oneOf of a pattern and a value it takes is kept",
     ):
         assert rules[kept] == set(), kept
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
@@ -414,6 +428,8 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of overlapping types",
         "oneOf with a branch that accepts everything",
         "oneOf of overlapping ranges",
+        "oneOf of a pattern and values it refuses",
+        "oneOf beside a branch of unknown keywords",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from ..keywords import VOCABULARY
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
 
 _BOUND_INVERSES = {
@@ -33,11 +34,10 @@ _INDEPENDENT = frozenset(
 )
 """Keywords whose meaning does not depend on their neighbours: a schema of several of them
 is the allOf of each alone (2019-09 on: exclusive bounds are numbers of their own)."""
-_ANNOTATIONS = frozenset(
-    {"title", "description", "$comment", "examples", "default", "deprecated", "readOnly",
-     "writeOnly"}
-)  # fmt: skip
-"""Keywords that constrain nothing."""
+_BLOCKING = frozenset({"$id", "id", "$anchor", "$dynamicAnchor", "$defs", "definitions"})
+"""Keys that constrain nothing themselves but that references may lean on: they are kept
+where other non-vocabulary keys (annotations, `x-...`) are dropped, so that a schema
+holding one has no positive `not`."""
 
 
 def _outside_bound(keyword: str, bound: Any) -> dict[str, Any] | bool | None:
@@ -230,7 +230,7 @@ def positive_not(
         return True
     if not isinstance(negated, dict):
         return None
-    negated = {k: v for k, v in negated.items() if k not in _ANNOTATIONS}
+    negated = {k: v for k, v in negated.items() if k in VOCABULARY or k in _BLOCKING}
     if not negated:
         return False
     if set(negated) == {"not"}:

@@ -90,9 +90,11 @@ def disjoint(
     first: Any, second: Any, reading: Reading, scope: Scope = _ANYWHERE, depth: int = 0
 ) -> bool:
     """No instance in `scope` validates against both: proved from their kinds of value,
-    their listed values, one being the other's `not`, their length, count or number bounds,
+    their listed values (apart, or each refused by the other branch), one being the other's `not`, their length, count or number bounds,
     or, for objects, a property both must have whose schemas are disjoint (a required
     property the other forbids, a discriminator's different values)."""
+    if depth == 0 and (_listed_fail(first, second, reading) or _listed_fail(second, first, reading)):
+        return True
     first, second = resolve(first, reading), resolve(second, reading)
     common = atoms(first, reading) & atoms(second, reading) & scope.atoms
     if not common:
@@ -112,6 +114,28 @@ def disjoint(
     if common == {"array"}:
         return _arrays_disjoint(first, second, reading, depth)
     return False
+
+
+def _listed_fail(listing: Any, other: Any, reading: Reading) -> bool:
+    """`listing` lists its values (`enum`, `const`) and jsonschema refuses each of them
+    against `other`, a lowered subschema (2020-12, formats checked) with no `$ref` in it
+    (a `$ref` may lead into the user's own draft, which a 2020-12 validator misreads)."""
+    from jsonschema import Draft202012Validator  # imported on first use, as in dialects
+
+    listing = resolve(listing, reading)
+    if not isinstance(listing, dict) or '"$ref"' in json.dumps(other):
+        return False
+    if "const" in listing and reading.const:
+        listed = [listing["const"]]
+    elif isinstance(listing.get("enum"), list):
+        listed = listing["enum"]
+    else:
+        return False
+    try:
+        validator = Draft202012Validator(other, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        return not any(validator.is_valid(value) for value in listed)
+    except Exception:  # a subschema jsonschema cannot read proves nothing
+        return False
 
 
 _NUMBERS = (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum"))
