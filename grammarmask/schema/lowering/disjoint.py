@@ -90,10 +90,13 @@ def disjoint(
     first: Any, second: Any, reading: Reading, scope: Scope = _ANYWHERE, depth: int = 0
 ) -> bool:
     """No instance in `scope` validates against both: proved from their kinds of value,
-    their listed values (apart, or each refused by the other branch), one being the other's `not`, their length, count or number bounds,
-    or, for objects, a property both must have whose schemas are disjoint (a required
-    property the other forbids, a discriminator's different values)."""
-    if depth == 0 and (_listed_fail(first, second, reading) or _listed_fail(second, first, reading)):
+    their listed values (apart, or each refused by the other branch), one being the other's
+    `not`, their length, count or number bounds, or, for objects, a property both must have
+    whose schemas are disjoint (a required property the other forbids, a discriminator's
+    different values)."""
+    if depth == 0 and (
+        _listed_fail(first, second, reading) or _listed_fail(second, first, reading)
+    ):
         return True
     first, second = resolve(first, reading), resolve(second, reading)
     common = atoms(first, reading) & atoms(second, reading) & scope.atoms
