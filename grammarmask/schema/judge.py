@@ -16,6 +16,7 @@ from typing import Any
 
 from .formats import FORMATS
 from .keywords import VOCABULARY
+from .verdicts import verdicts
 from .walk import iter_subschemas
 
 
@@ -130,12 +131,5 @@ def beside_enum(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
 def _all_satisfy(instances: list[Any], keyword: str, value: Any) -> bool:
     """Whether every instance satisfies the one keyword `keyword: value`; False where that
     cannot be judged alone (a `$ref`, a malformed value)."""
-    from jsonschema import Draft202012Validator  # imported on first use, as in dialects
-
-    try:
-        validator = Draft202012Validator(
-            {keyword: value}, format_checker=Draft202012Validator.FORMAT_CHECKER
-        )
-        return all(validator.is_valid(instance) for instance in instances)
-    except Exception:  # any failure to judge counts as a break
-        return False
+    found = verdicts({keyword: value}, instances)
+    return found is not None and all(found)

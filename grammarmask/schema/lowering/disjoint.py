@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from .reading import ATOMS, REF_DEPTH, Reading, atoms, resolve, values
+from ..verdicts import verdicts
+from .reading import ATOMS, REF_DEPTH, Reading, atoms, listed_values, resolve, values
 
 
 @dataclass(frozen=True)
@@ -123,22 +124,11 @@ def _listed_fail(listing: Any, other: Any, reading: Reading) -> bool:
     """`listing` lists its values (`enum`, `const`) and jsonschema refuses each of them
     against `other`, a lowered subschema (2020-12, formats checked) with no `$ref` in it
     (a `$ref` may lead into the user's own draft, which a 2020-12 validator misreads)."""
-    from jsonschema import Draft202012Validator  # imported on first use, as in dialects
-
-    listing = resolve(listing, reading)
-    if not isinstance(listing, dict) or '"$ref"' in json.dumps(other):
+    listed = listed_values(listing, reading)
+    if listed is None or '"$ref"' in json.dumps(other):
         return False
-    if "const" in listing and reading.const:
-        listed = [listing["const"]]
-    elif isinstance(listing.get("enum"), list):
-        listed = listing["enum"]
-    else:
-        return False
-    try:
-        validator = Draft202012Validator(other, format_checker=Draft202012Validator.FORMAT_CHECKER)
-        return not any(validator.is_valid(value) for value in listed)
-    except Exception:  # a subschema jsonschema cannot read proves nothing
-        return False
+    found = verdicts(other, listed)
+    return found is not None and not any(found)
 
 
 _NUMBERS = (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum"))

@@ -107,16 +107,27 @@ def atoms(node: Any, reading: Reading, depth: int = 0) -> frozenset[str]:
     return frozenset(found)
 
 
-def values(node: Any, reading: Reading) -> frozenset[str] | None:
-    """The values `node` accepts, when it lists them (`const`, `enum`, or a string type with
-    a literal pattern), by `value_key`."""
+def listed_values(node: Any, reading: Reading) -> list[Any] | None:
+    """The values `node` lists (`const`, else `enum`), as written; None where it lists none."""
     node = resolve(node, reading)
     if not isinstance(node, dict):
         return None
     if "const" in node and reading.const:
-        return frozenset({value_key(node["const"])})
+        return [node["const"]]
     if isinstance(node.get("enum"), list):
-        return frozenset(map(value_key, node["enum"]))
+        return list(node["enum"])
+    return None
+
+
+def values(node: Any, reading: Reading) -> frozenset[str] | None:
+    """The values `node` accepts, when it lists them (`const`, `enum`, or a string type with
+    a literal pattern), by `value_key`."""
+    node = resolve(node, reading)
+    listed = listed_values(node, reading)
+    if listed is not None:
+        return frozenset(map(value_key, listed))
+    if not isinstance(node, dict):
+        return None
     literal = _LITERAL_PATTERN.fullmatch(str(node.get("pattern")))
     if node.get("type") == "string" and literal:  # Python's `$` passes a final newline
         return frozenset({value_key(literal[1]), value_key(literal[1] + "\n")})

@@ -1,0 +1,20 @@
+"""jsonschema's verdicts where the judge and lowering lean on them: a 2020-12 validator
+with formats checked, the semantics lowering keeps and declarations are measured against."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def verdicts(schema: Any, instances: Sequence[Any]) -> list[bool] | None:
+    """Whether each instance validates against `schema` (read as 2020-12, formats checked);
+    None where jsonschema cannot judge `schema` alone (a `$ref` it cannot resolve, a
+    malformed keyword)."""
+    from jsonschema import Draft202012Validator  # imported on first use, as in dialects
+
+    try:
+        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        return [validator.is_valid(instance) for instance in instances]
+    except Exception:  # jsonschema raises several unrelated types here
+        return None
