@@ -313,6 +313,25 @@ CASES: dict[str, Any] = {
         "$schema": DRAFT4,
         "oneOf": [{"const": 1}, {"const": 2}],
     },
+    "a list beside a not": {"allOf": [{"enum": [1, 2, 3, "a"]}, {"not": {"multipleOf": 2}}]},
+    "a list beside a pattern": {"enum": ["ab", "b", 3], "pattern": "^a", "title": "t"},
+    "a list that nothing passes": {"const": "a", "minLength": 2},
+    "a list of objects beside a oneOf": {
+        "enum": [{"a": 1}, {"b": "x"}, {"a": 1, "b": "x"}],
+        "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+    },
+    "a plain list is left": {"type": "string", "enum": ["a", "b"]},
+    "a list beside a $ref is kept": {
+        "$defs": {"n": {"minimum": 2}},
+        "enum": [1, 2],
+        "allOf": [{"$ref": "#/$defs/n"}],
+    },
+    "a draft-4 list beside integer": {
+        "$schema": DRAFT4,
+        "type": "integer",
+        "enum": [1.5, 2, 3],
+        "maximum": 2,
+    },
 }
 """One schema per rewrite (and per shape a rewrite must leave alone)."""
 
@@ -454,6 +473,20 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "$ref": "#/$defs/n"
     }
     assert rules["an anchor beside an embedded resource is kept"] == set()
+    listed = {
+        name: lower_schema(CASES[name]).schema
+        for name in ("a list beside a not", "a list beside a pattern", "a list that nothing passes",
+                     "a list of objects beside a oneOf")
+    }  # fmt: skip
+    assert listed["a list beside a not"] == {"enum": [1, 3]}  # "a" passes multipleOf
+    assert listed["a list beside a pattern"] == {"title": "t", "enum": ["ab", 3]}
+    assert listed["a list that nothing passes"] is False
+    assert listed["a list of objects beside a oneOf"] == {"enum": [{"a": 1}, {"b": "x"}]}
+    for kept in ("a plain list is left", "a list beside a $ref is kept"):
+        assert "enum" not in rules[kept], kept
+    assert lower_schema(CASES["a draft-4 list beside integer"]).schema["enum"] == [2]
+    listed_one = {"$schema": DRAFT4, "type": "integer", "enum": [1.0, 2], "maximum": 2}
+    assert "type" in lower_schema(listed_one).schema  # 1 passes, 1.0 does not: both equal 1.0
 
 
 def test_a_lowered_schema_is_left_unchanged_by_lowering_again() -> None:

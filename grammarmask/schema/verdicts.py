@@ -7,14 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def verdicts(schema: Any, instances: Sequence[Any]) -> list[bool] | None:
-    """Whether each instance validates against `schema` (read as 2020-12, formats checked);
-    None where jsonschema cannot judge `schema` alone (a `$ref` it cannot resolve, a
-    malformed keyword)."""
-    from jsonschema import Draft202012Validator  # imported on first use, as in dialects
+def verdicts(
+    schema: Any, instances: Sequence[Any], *, strict_integers: bool = False
+) -> list[bool] | None:
+    """Whether each instance validates against `schema` (read as 2020-12, formats checked;
+    `strict_integers`: "integer" as draft 4 reads it, 1.0 none); None where jsonschema
+    cannot judge `schema` alone (a `$ref` it cannot resolve, a malformed keyword)."""
+    from jsonschema import Draft202012Validator, validators  # imported on first use
 
+    from .lowering.dialects import integer_type_checker
+
+    cls: Any = Draft202012Validator
+    if strict_integers:
+        cls = validators.extend(cls, type_checker=integer_type_checker(cls))
     try:
-        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        validator = cls(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         return [validator.is_valid(instance) for instance in instances]
     except Exception:  # jsonschema raises several unrelated types here
         return None

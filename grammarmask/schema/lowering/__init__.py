@@ -8,8 +8,9 @@ Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in c
 keywords as integers, formats the schema's draft does not define dropped, `date`, `time`
 and `date-time` as exact patterns, dependencies and `dependentRequired` /
 `dependentSchemas` as `anyOf`, a `oneOf` as `anyOf` (of its branches where no two overlap,
-else of each branch without the others), the `not`s that have a positive form, and
-references to plain-name anchors as JSON pointers. A
+else of each branch without the others), the `not`s that have a positive form, a schema
+that lists its values (`enum`, `const`, also in an `allOf` branch) as the listed values it
+accepts, and references to plain-name anchors as JSON pointers. A
 draft-4 schema's lowered form reads "integer" as draft 4 does (`strict_integers`).
 """
 
@@ -24,7 +25,7 @@ from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
 from ..walk import map_subschemas
-from . import anchors, combinators, dialects, disjoint
+from . import anchors, combinators, dialects, disjoint, listed
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ class _Context:
     format_draft: str | None = None
     """The draft whose formats apply in place (the user's)."""
     rewrites: list[Rewrite] = field(default_factory=list)
+
+    @functools.cached_property
+    def unevaluated(self) -> bool:
+        """Whether the schema uses `unevaluated...`, which reads what its neighbours evaluate."""
+        return '"unevaluated' in json.dumps(self.root)
 
     def note(self, pointer: str, rule: str, detail: str) -> None:
         self.rewrites.append(Rewrite(pointer, rule, detail))
@@ -110,11 +116,27 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
     _integer_counts(out, pointer, context)
     _formats(out, pointer, context, draft)
     if draft is not None:  # known semantics: the combinators can be read
+        only_listed = _listed(out, pointer, context)
+        if only_listed is not out:
+            return only_listed
         _dependencies(out, pointer, context)
         _not(out, pointer, context)
         _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
     return out
+
+
+def _listed(node: Any, pointer: str, context: _Context) -> Any:
+    """`node` as the values it lists that it accepts, where it lists values; else `node`
+    (and below the root of a schema with `unevaluated...`, whose verdicts depend on the
+    properties and items a neighbour evaluates)."""
+    if not isinstance(node, dict) or (pointer and context.unevaluated):
+        return node
+    only_listed = listed.as_listed_values(node, context.draft)
+    if only_listed is None:
+        return node
+    context.note(pointer, "enum", "a schema that lists its values -> the ones it accepts")
+    return only_listed
 
 
 def _anchor_references(lowered: Any, context: _Context) -> Any:
@@ -232,7 +254,7 @@ def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:
             detail = "oneOf -> anyOf of each branch without the others"
         if rewritten is None:
             return
-        branches = rewritten
+        branches = [_listed(b, f"{pointer}/oneOf/{i}", context) for i, b in enumerate(rewritten)]
     del node["oneOf"]
     if "anyOf" in node:
         _add_all_of(node, {"anyOf": branches})

@@ -1,0 +1,62 @@
+"""A schema that lists its values (`const` or `enum`, at its own level or in one of its
+`allOf` branches) accepts at most those values: it is exactly the `enum` of the listed
+values that pass the whole schema. Whatever else it says (a `not`, a `pattern` beside the
+list, a `oneOf`) then has nothing left for a backend to enforce."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..keywords import VOCABULARY
+from ..verdicts import verdicts
+from .dialects import strict_integers
+from .reading import Reading, listed_values
+
+_REFERENCES = ('"$ref"', '"$dynamicRef"', '"$recursiveRef"')
+_DROPPED = VOCABULARY | {"$defs", "definitions"}
+"""What the rewritten schema leaves out: every constraint (the list now says them all) and
+the definitions, which nothing inside it refers to."""
+_PLAIN = frozenset({"enum", "const", "type"})
+"""A list beside a type that every listed value has: left as it is, as every backend
+enforces it."""
+
+
+def as_listed_values(node: dict[str, Any], draft: str | None) -> dict[str, Any] | bool | None:
+    """`node` (lowered, 2020-12) as the `enum` of the values it lists that jsonschema
+    accepts against all of `node` (False where none does, an unsatisfiable schema), with its
+    annotations kept; None where `node` lists no values, is a plain list that every value
+    passes, or holds a reference (its verdict would depend on the rest of the document)."""
+    reading = Reading(node, None)
+    listed = listed_values(node, reading)
+    if listed is None:
+        branches = node.get("allOf")
+        if isinstance(branches, list):
+            lists = (listed_values(b, reading) for b in branches if isinstance(b, dict))
+            listed = next((found for found in lists if found is not None), None)
+    if listed is None:
+        return None
+    text = json.dumps(node)
+    if any(key in text for key in _REFERENCES):
+        return None
+    strict = strict_integers(draft)
+    if strict and any(map(_has_integral_float, listed)):
+        return None  # 1.0 is listed, no integer, yet equal to the integer 1, which may pass
+    found = verdicts(node, listed, strict_integers=strict)
+    if found is None:
+        return None
+    kept = [value for value, ok in zip(listed, found, strict=True) if ok]
+    if len(kept) == len(listed) and set(node) & VOCABULARY <= _PLAIN:
+        return None
+    if not kept:
+        return False
+    return {**{k: v for k, v in node.items() if k not in _DROPPED}, "enum": kept}
+
+
+def _has_integral_float(value: Any) -> bool:
+    """Whether `value` holds a number written with a zero fraction (1.0, 1e20)."""
+    if isinstance(value, float):
+        return value.is_integer()
+    if isinstance(value, dict):
+        return any(map(_has_integral_float, value.values()))
+    return isinstance(value, list) and any(map(_has_integral_float, value))
