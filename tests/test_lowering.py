@@ -326,6 +326,19 @@ CASES: dict[str, Any] = {
         "enum": [1, 2],
         "allOf": [{"$ref": "#/$defs/n"}],
     },
+    "uniqueItems of listed items": {
+        "type": "array",
+        "items": {"enum": [1, 2, "a"]},
+        "uniqueItems": True,
+        "minItems": 1,
+    },
+    "uniqueItems of booleans": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
+    "uniqueItems of equal listed items is kept": {
+        "type": "array",
+        "items": {"enum": [1, 1.0]},
+        "uniqueItems": True,
+    },
+    "uniqueItems of open items is kept": {"type": "array", "uniqueItems": True},
     "a draft-4 list beside integer": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -485,6 +498,11 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     for kept in ("a plain list is left", "a list beside a $ref is kept"):
         assert "enum" not in rules[kept], kept
     assert lower_schema(CASES["a draft-4 list beside integer"]).schema["enum"] == [2]
+    unique = lower_schema(CASES["uniqueItems of listed items"]).schema["enum"]
+    assert len(unique) == 3 + 6 + 6 and [2, "a", 1] in unique and [] not in unique
+    assert len(lower_schema(CASES["uniqueItems of booleans"]).schema["enum"]) == 5
+    for kept in ("uniqueItems of equal listed items is kept", "uniqueItems of open items is kept"):
+        assert "uniqueItems" in lower_schema(CASES[kept]).schema, kept
     listed_one = {"$schema": DRAFT4, "type": "integer", "enum": [1.0, 2], "maximum": 2}
     assert "type" in lower_schema(listed_one).schema  # 1 passes, 1.0 does not: both equal 1.0
 
@@ -630,6 +648,10 @@ def test_backends_enforce_lowered_combinators(
         "not enum": (
             {"type": "string", "not": {"enum": ["ab", "a"]}},
             [('"abc"', True), ('"b"', True), ('""', True), ('"ab"', False), ('"a"', False)],
+        ),
+        "uniqueItems of listed items": (
+            {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True},
+            [('["a","b"]', True), ('["b"]', True), ('["a","a"]', False), ('["b","a","b"]', False)],
         ),
         "maxItems 2.0": (
             {"type": "array", "items": {"type": "integer"}, "maxItems": 2.0},

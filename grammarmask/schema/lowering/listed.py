@@ -1,17 +1,20 @@
 """A schema that lists its values (`const` or `enum`, at its own level or in one of its
 `allOf` branches) accepts at most those values: it is exactly the `enum` of the listed
 values that pass the whole schema. Whatever else it says (a `not`, a `pattern` beside the
-list, a `oneOf`) then has nothing left for a backend to enforce."""
+list, a `oneOf`) then has nothing left for a backend to enforce. An array schema with
+`uniqueItems` whose items are a few listed values lists its arrays the same way."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from typing import Any
 
 from ..keywords import VOCABULARY
 from ..verdicts import verdicts
 from .dialects import strict_integers
-from .reading import Reading, listed_values
+from .reading import Reading, listed_values, value_key
 
 _REFERENCES = ('"$ref"', '"$dynamicRef"', '"$recursiveRef"')
 _DROPPED = VOCABULARY | {"$defs", "definitions"}
@@ -35,6 +38,8 @@ def as_listed_values(node: dict[str, Any], draft: str | None) -> dict[str, Any] 
             lists = (listed_values(b, reading) for b in branches if isinstance(b, dict))
             listed = next((found for found in lists if found is not None), None)
     if listed is None:
+        listed = _unique_arrays(node, reading)
+    if listed is None:
         return None
     text = json.dumps(node)
     if any(key in text for key in _REFERENCES):
@@ -51,6 +56,36 @@ def as_listed_values(node: dict[str, Any], draft: str | None) -> dict[str, Any] 
     if not kept:
         return False
     return {**{k: v for k, v in node.items() if k not in _DROPPED}, "enum": kept}
+
+
+def _unique_arrays(node: dict[str, Any], reading: Reading) -> list[Any] | None:
+    """Every array of distinct items that `node` (an array schema with `uniqueItems`) may
+    accept, where its items are of a few listed values (`enum`, `const`, boolean, null) and
+    the arrays are at most `MAX_UNIQUE_ARRAYS`; None otherwise."""
+    items = node.get("items")
+    if not (node.get("type") == "array" and node.get("uniqueItems") is True):
+        return None
+    if "prefixItems" in node or not isinstance(items, dict):
+        return None
+    domain = listed_values(items, reading)
+    if domain is None:
+        domain = _TYPE_DOMAINS.get(json.dumps(items.get("type")))
+    if domain is None or len(set(map(value_key, domain))) != len(domain):
+        return None  # repeated listed values (1 and 1.0) would make equal arrays unequal
+    low = node.get("minItems", 0)
+    high = min(node.get("maxItems", len(domain)), len(domain))
+    if not (isinstance(low, int) and isinstance(high, int)):
+        return None
+    sizes = range(max(low, 0), high + 1)
+    count = sum(math.perm(len(domain), size) for size in sizes)
+    if count > MAX_UNIQUE_ARRAYS:
+        return None
+    return [list(p) for size in sizes for p in itertools.permutations(domain, size)]
+
+
+MAX_UNIQUE_ARRAYS = 2000
+"""The most arrays a `uniqueItems` schema is spelled out as (6 listed items give 1,957)."""
+_TYPE_DOMAINS: dict[str, list[Any]] = {'"boolean"': [False, True], '"null"': [None]}
 
 
 def _has_integral_float(value: Any) -> bool:
