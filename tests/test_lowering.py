@@ -326,6 +326,24 @@ CASES: dict[str, Any] = {
         "enum": [1, 2],
         "allOf": [{"$ref": "#/$defs/n"}],
     },
+    "oneOf of closed objects sharing the empty object": {
+        "type": "object",
+        "oneOf": [
+            {"additionalProperties": False, "properties": {"a": {"type": "string"}}},
+            {"additionalProperties": False, "properties": {"b": {"type": "string"}}},
+        ],
+    },
+    "oneOf of closed objects sharing a property": {
+        "oneOf": [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"a": {"type": "string"}, "b": {}},
+                "required": ["a"],
+            },
+            {"additionalProperties": False, "properties": {"a": {"maxLength": 2}, "c": {}}},
+        ],
+    },
     "uniqueItems of listed items": {
         "type": "array",
         "items": {"enum": [1, 2, "a"]},
@@ -462,6 +480,8 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of overlapping ranges",
         "oneOf of a pattern and values it refuses",
         "oneOf beside a branch of unknown keywords",
+        "oneOf of closed objects sharing the empty object",
+        "oneOf of closed objects sharing a property",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")

@@ -198,12 +198,62 @@ def exactly_one(
                 negations[other_index] = positive_not(other, root, draft)
             negation = negations[other_index]
             if negation is None:
+                negation = _outside_closed_object(branch, other, root, draft)
+            if negation is None:
                 return None
             excluded.append(negation)
         if any(negation is False for negation in excluded):
             continue  # another branch accepts everything: this one is never the only one
         rewritten.append({"allOf": [branch, *excluded]} if excluded else branch)
     return rewritten or None
+
+
+_NOT_OBJECT = {"type": ["null", "boolean", "array", "string", "number"]}
+_CLOSED_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
+
+
+def _outside_closed_object(kept: Any, closed: Any, root: Any, draft: str | None) -> Any:
+    """A schema S with `kept` and S exactly `kept` and not `closed`, where `closed` is a
+    closed object (`properties`, `required`, `additionalProperties: false`, `type` object)
+    and `kept` allows only the properties it lists: such an object leaves `closed` by a
+    property `closed` does not list, by lacking one it requires, or by a listed property's
+    value outside its schema. None where either is of another shape."""
+    reading = Reading(root, draft)
+    kept, closed = resolve(kept, reading), resolve(closed, reading)
+    if not (isinstance(kept, dict) and isinstance(closed, dict)):
+        return None
+    kept_names = _closed_names(kept)
+    closed_names = _closed_names(closed)
+    shape = {k for k in closed if k in VOCABULARY}
+    if kept_names is None or closed_names is None or not shape <= _CLOSED_OBJECT_KEYWORDS:
+        return None
+    if closed.get("type", "object") != "object":
+        return None
+    required = closed.get("required", [])
+    if not (isinstance(required, list) and all(isinstance(n, str) for n in required)):
+        return None
+    ways: list[Any] = [{"required": [n]} for n in kept_names if n not in closed_names]
+    ways += [{"properties": {n: False}} for n in dict.fromkeys(required)]
+    for name in kept_names:
+        if name in closed_names:
+            outside = positive_not(closed["properties"][name], root, draft, lowered=False)
+            if outside is None:
+                return None
+            if outside is not False:
+                ways.append({"required": [name], "properties": {name: outside}})
+    objects_outside = {"type": "object", "anyOf": ways} if ways else False
+    if "type" not in closed:  # every other value satisfies `closed`
+        return objects_outside
+    return {"anyOf": [_NOT_OBJECT, objects_outside]} if ways else _NOT_OBJECT
+
+
+def _closed_names(node: dict[str, Any]) -> list[str] | None:
+    """The only property names an object `node` accepts may have (`properties` beside
+    `additionalProperties: false`, no `patternProperties`); None where others may appear."""
+    names = node.get("properties", {})
+    if node.get("additionalProperties") is not False or "patternProperties" in node:
+        return None
+    return list(names) if isinstance(names, dict) else None
 
 
 def positive_not(
