@@ -80,7 +80,7 @@ def test_a_schema_jsonschema_cannot_judge_is_no_verdict(schema: dict[str, object
 
 def test_select_files_samples_reproducibly(tmp_path: Path) -> None:
     files = cf.select_files(SAMPLE)
-    assert len(files) == 9
+    assert len(files) == 10
     sample = cf.select_files(SAMPLE, sample=4, seed=3)
     assert sample == cf.select_files(SAMPLE, sample=4, seed=3) and len(sample) == 4
     assert cf.select_files(SAMPLE, limit=2) == files[:2]
@@ -108,7 +108,7 @@ def test_cli_runs_the_bundled_sample_and_resumes(
     lines = capsys.readouterr().out.splitlines()
     header, _, row, lowering = lines[-4:]
     assert header.split()[:3] == ["backend", "schemas", "compiled"]
-    assert row.split()[:3] == ["xgrammar", "9", "9"]
+    assert row.split()[:3] == ["xgrammar", "10", "10"]
     assert lowering.startswith("lowering: ") and "of the median compile" in lowering
 
 

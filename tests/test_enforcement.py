@@ -189,10 +189,31 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
     ("maxLength-without-type", S(maxLength=2), "ab", "abc", {LL}),
     ("minItems-without-type", S(minItems=2), [1, 2], [1], {LL}),
     ("maxProperties-without-type", S(maxProperties=1), {"a": 1}, {"a": 1, "b": 2}, {LL}),
-    # keywords beside enum: xgrammar and outlines serve the listed values alone
-    ("pattern-beside-enum", S(type="string", enum=["a", "b"], pattern="^a$"), "a", "b", {LL}),
-    ("maxLength-beside-enum", S(enum=["a", "bbb"], maxLength=2), "a", "bbb", {LL}),
-    ("type-beside-enum", S(type="string", enum=["a", None]), "a", None, {LL}),
+    # keywords beside enum: lowering keeps the listed values that satisfy them, so every
+    # backend enforces them; beside a $ref it cannot, and xgrammar and outlines, which serve
+    # the listed values alone, declare the keyword
+    (
+        "pattern-beside-enum",
+        S(type="string", enum=["a", "b"], pattern="^a$"),
+        "a",
+        "b",
+        {X, OL, LL},
+    ),
+    ("maxLength-beside-enum", S(enum=["a", "bbb"], maxLength=2), "a", "bbb", {X, OL, LL}),
+    ("type-beside-enum", S(type="string", enum=["a", None]), "a", None, {X, OL, LL}),
+    (
+        "pattern-beside-enum-and-ref",
+        S(
+            type="string",
+            enum=["a", "b"],
+            pattern="^a$",
+            allOf=[{"$ref": "#/$defs/s"}],
+            **{"$defs": {"s": {"type": "string"}}},
+        ),
+        "a",
+        "b",
+        {LL},
+    ),
     # ... and where every listed value satisfies them, nothing is left out
     (
         "enum-with-a-pattern-all-satisfy",
