@@ -13,13 +13,13 @@ def verdicts(
     """Whether each instance validates against `schema` (read as 2020-12, formats checked;
     `strict_integers`: "integer" as draft 4 reads it, 1.0 none); None where jsonschema
     cannot judge `schema` alone (a `$ref` it cannot resolve, a malformed keyword)."""
-    from jsonschema import Draft202012Validator, validators  # imported on first use
+    from jsonschema import Draft202012Validator  # imported on first use
 
-    from .lowering.dialects import integer_type_checker
+    from .lowering.dialects import with_strict_integers
 
-    cls: Any = Draft202012Validator
-    if strict_integers:
-        cls = validators.extend(cls, type_checker=integer_type_checker(cls))
+    cls: Any = (
+        with_strict_integers(Draft202012Validator) if strict_integers else Draft202012Validator
+    )
     try:
         validator = cls(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         return [validator.is_valid(instance) for instance in instances]

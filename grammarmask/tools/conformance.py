@@ -225,7 +225,7 @@ def validates(schema: Any, instance: Any, *, strict_integers: bool = False) -> b
     SchemaJudgeError where jsonschema cannot judge: two such errors are no agreement."""
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     if strict_integers:
-        cls = jsonschema.validators.extend(cls, type_checker=dialects.integer_type_checker(cls))
+        cls = dialects.with_strict_integers(cls)
     try:
         return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance))
     except (Unresolvable, re.error) as exc:

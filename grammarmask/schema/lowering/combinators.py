@@ -208,7 +208,6 @@ def exactly_one(
     return rewritten or None
 
 
-_NOT_OBJECT = {"type": ["null", "boolean", "array", "string", "number"]}
 _CLOSED_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
 
 
@@ -244,7 +243,8 @@ def _outside_closed_object(kept: Any, closed: Any, root: Any, draft: str | None)
     objects_outside = {"type": "object", "anyOf": ways} if ways else False
     if "type" not in closed:  # every other value satisfies `closed`
         return objects_outside
-    return {"anyOf": [_NOT_OBJECT, objects_outside]} if ways else _NOT_OBJECT
+    not_object = positive_not({"type": "object"})
+    return {"anyOf": [not_object, objects_outside]} if ways else not_object
 
 
 def _closed_names(node: dict[str, Any]) -> list[str] | None:

@@ -103,14 +103,16 @@ def strict_integers(draft: str | None) -> bool:
     return draft == "draft4"
 
 
-def integer_type_checker(cls: type[Any]) -> Any:
-    """`cls`'s type checker with draft 4's "integer": a JSON number without a fraction part
-    (Python's int), 1.0 excluded."""
+def with_strict_integers(cls: type[Any]) -> type[Any]:
+    """The jsonschema validator class `cls` with draft 4's "integer": a JSON number without
+    a fraction part (Python's int), 1.0 excluded."""
+    from jsonschema import validators  # on first use, as above
 
     def is_integer(_checker: Any, instance: Any) -> bool:
         return isinstance(instance, int) and not isinstance(instance, bool)
 
-    return cls.TYPE_CHECKER.redefine("integer", is_integer)
+    checker = cls.TYPE_CHECKER.redefine("integer", is_integer)
+    return validators.extend(cls, type_checker=checker)  # type: ignore[no-any-return]
 
 
 def to_2020_12(node: dict[str, Any], draft: str, *, root: bool) -> tuple[dict[str, Any], list[str]]:
