@@ -14,6 +14,7 @@ from typing import Any
 
 from ..keywords import VOCABULARY
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
+from .regular import UnreadablePattern, combined_pattern
 
 _BOUND_INVERSES = {
     "minimum": ("number", "exclusiveMaximum", 0),
@@ -30,7 +31,8 @@ _BOUND_INVERSES = {
 """A bound's complement among the values it applies to: (their type, the opposite keyword,
 the step from the bound to the opposite one: counts are integers)."""
 _INDEPENDENT = frozenset(
-    {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf", *_BOUND_INVERSES}
+    {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf", "pattern"}
+    | set(_BOUND_INVERSES)
 )
 """Keywords whose meaning does not depend on their neighbours: a schema of several of them
 is the allOf of each alone (2019-09 on: exclusive bounds are numbers of their own)."""
@@ -134,6 +136,18 @@ def _complement(strings: Sequence[str]) -> str:
         return "(" + "|".join(options) + ")"
 
     return outside(trie)
+
+
+def _not_matching(pattern: str) -> dict[str, Any] | bool | None:
+    """`not: {pattern: ...}`: the strings the pattern finds no match in (regular.py; every
+    other value satisfies the pattern); None where that pattern cannot be read or written."""
+    try:
+        outside = combined_pattern([], [pattern])
+    except UnreadablePattern:
+        return None
+    if isinstance(outside, bool):
+        return {"type": "string"} if outside else False
+    return {"type": "string", "pattern": outside}
 
 
 def _literal(char: str) -> str:
@@ -316,6 +330,8 @@ def positive_not(
             if inverse is not False:  # present and breaking its schema
                 branches.append({"required": [name], "properties": {name: inverse}})
         return {"type": "object", "anyOf": branches} if branches else False
+    if set(negated) == {"pattern"} and isinstance(negated["pattern"], str):
+        return _not_matching(negated["pattern"])
     if set(negated) in ({"enum"}, {"const"}):
         values = negated["enum"] if "enum" in negated else [negated["const"]]
         return _none_of(values) if isinstance(values, list) and values else None

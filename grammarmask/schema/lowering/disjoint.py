@@ -18,6 +18,7 @@ from typing import Any, TypeGuard
 
 from ..verdicts import verdicts
 from .reading import ATOMS, REF_DEPTH, Reading, atoms, listed_values, resolve, values
+from .regular import UnreadablePattern, combined_pattern
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,23 @@ def disjoint(
     bounds = _BOUNDS_BY_KIND.get(common)
     if bounds is not None and _apart(_bounds(first, bounds), _bounds(second, bounds)):
         return True
+    if common == {"string"} and _patterns_apart(first.get("pattern"), second.get("pattern")):
+        return True
     if common == {"object"}:
         return _objects_disjoint(first, second, reading, scope, depth)
     if common == {"array"}:
         return _arrays_disjoint(first, second, reading, depth)
     return False
+
+
+def _patterns_apart(first: Any, second: Any) -> bool:
+    """No string matches both patterns (regular.py reads them)."""
+    if not (isinstance(first, str) and isinstance(second, str)):
+        return False
+    try:
+        return combined_pattern([first, second], []) is False
+    except UnreadablePattern:
+        return False
 
 
 def _listed_fail(listing: Any, other: Any, reading: Reading) -> bool:

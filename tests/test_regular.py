@@ -1,0 +1,93 @@
+"""Patterns as languages (lowering/regular.py): the pattern written for "every `matching`
+pattern and no `failing` one" finds a match in exactly the strings Python's `re.search`
+says it should, read by Python (`$` before a final newline) and by a backend (the whole
+string) alike, up to a final newline a backend may refuse."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grammarmask.schema.lowering.regular import UnreadablePattern, combined_pattern
+
+PATTERNS = (
+    "^a", "b$", "abc", "^a+$", "^[a-c]{2,3}$", "x|^y", r"^\d+$", r"\s", "^.{1,3}$", "[^a-z]",
+    "^(ab|c)*d?$", "é", "^[^é😀]+$", r"^\u00e9{2}", "a{,2}b", "{", "^$", "", r"\.", "a.b",
+    "^[0-9a-f]{4}-", "^(a|b)$",
+)  # fmt: skip
+"""Anchors at either end or none, classes (negated, Unicode, `\\d`, `\\s`), counted and open
+repetition, alternation, a literal brace, the empty pattern."""
+TEXT = st.text(alphabet=st.sampled_from("abcdxy0 -é😀٣\n{."), max_size=7)
+"""Strings near the patterns: their letters, a Unicode digit, an astral character, a
+newline (Python's `$` passes one at the end)."""
+
+
+def _wanted(matching: list[str], failing: list[str], text: str) -> bool:
+    return all(re.search(p, text) for p in matching) and not any(
+        re.search(p, text) for p in failing
+    )
+
+
+@settings(max_examples=300)
+@given(
+    matching=st.lists(st.sampled_from(PATTERNS), max_size=2),
+    failing=st.lists(st.sampled_from(PATTERNS), max_size=2),
+    texts=st.lists(TEXT, min_size=1, max_size=20),
+)
+def test_the_written_pattern_matches_what_search_says(
+    matching: list[str], failing: list[str], texts: list[str]
+) -> None:
+    try:
+        written = combined_pattern(matching, failing)
+    except UnreadablePattern:
+        return  # the caller keeps the keyword: sound, and measured below not to be common
+    for text in texts:
+        wanted = _wanted(matching, failing, text)
+        if isinstance(written, bool):
+            assert written == wanted, (matching, failing, text)
+            continue
+        assert bool(re.search(written, text)) == wanted, (written, text)  # as jsonschema
+        whole = re.fullmatch(written[1:-1], text) is not None  # as a backend
+        assert whole <= wanted and (whole == wanted or text.endswith("\n")), (written, text)
+
+
+def test_most_pairs_of_the_patterns_are_written() -> None:
+    """UnreadablePattern (a pattern past the size limits, no reading alike with and without
+    a final newline) stays the exception on these patterns."""
+    pairs = [(m, f) for m in PATTERNS for f in PATTERNS]
+    unreadable = 0
+    for matching, failing in pairs:
+        try:
+            combined_pattern([matching], [failing])
+        except UnreadablePattern:
+            unreadable += 1
+    assert unreadable < len(pairs) // 10, unreadable
+
+
+def test_empty_and_full_languages_are_booleans() -> None:
+    assert combined_pattern([], []) is True
+    assert combined_pattern([], [""]) is False  # the empty pattern matches every string
+    assert combined_pattern(["^a+$"], ["^a"]) is False
+    assert combined_pattern(["^a+$", "^b"], []) is False
+    assert combined_pattern([], ["(?:)"]) is False
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(?=a)", "(?!a)b", r"(a)\1", r"\bword", "(?i)a", "a^b", "(^a)b", "a$b", "a**", "[[:alpha:]]",
+     "(?P<n>a)", "a++", "(a", "[a", "\\"],
+)  # fmt: skip
+def test_constructs_outside_the_reading_are_refused_by_name(pattern: str) -> None:
+    with pytest.raises(UnreadablePattern):
+        combined_pattern([], [pattern])
+
+
+def test_the_limits_refuse_what_would_be_too_long() -> None:
+    """A long counted repetition written out, and `\\w` (hundreds of Unicode ranges)."""
+    with pytest.raises(UnreadablePattern, match="size limit"):
+        combined_pattern(["^[a-z0-9]{1,255}$"], [])
+    with pytest.raises(UnreadablePattern, match="size limit"):
+        combined_pattern([], [r"^\w+$"])
