@@ -91,7 +91,7 @@ CASES: dict[str, Any] = {
             {"type": "null"},
         ]
     },
-    "oneOf of a pattern and a value it takes is kept": {
+    "oneOf of a pattern and a value it takes": {
         "oneOf": [{"type": "string", "pattern": "^[a-f]{2}$"}, {"enum": ["ab", "x"]}]
     },
     "oneOf beside a branch of unknown keywords": {
@@ -270,8 +270,9 @@ CASES: dict[str, Any] = {
     "not of a zero count": {"not": {"minLength": 0}},
     "oneOf of overlapping ranges": {"type": "number", "oneOf": [{"maximum": 2}, {"maximum": 3}]},
     "oneOf whose not has no positive form is kept": {
-        "oneOf": [{"pattern": "^a"}, {"type": "string"}],
+        "oneOf": [{"pattern": "^(?=a)"}, {"type": "string"}],
     },
+    "oneOf of a pattern and every string": {"oneOf": [{"pattern": "^a"}, {"type": "string"}]},
     "oneOf of object-only branches sharing an object": {
         "oneOf": [{"properties": {"a": {"type": "string"}}}, {"properties": {"b": {}}}],
     },
@@ -357,6 +358,22 @@ CASES: dict[str, Any] = {
         "uniqueItems": True,
     },
     "uniqueItems of open items is kept": {"type": "array", "uniqueItems": True},
+    "not of a pattern": {"type": "string", "not": {"pattern": "^a"}},
+    "not of an unanchored pattern, any type": {"not": {"pattern": "b$"}},
+    "not of a lookahead is kept": {"type": "string", "not": {"pattern": "^(?=a)"}},
+    "oneOf of overlapping patterns": {
+        "type": "string",
+        "oneOf": [{"pattern": "^a"}, {"pattern": "b$"}],
+    },
+    "oneOf of patterns no string matches both": {
+        "type": "string",
+        "oneOf": [{"pattern": "^a+$"}, {"pattern": "^b"}],
+    },
+    "patternProperties that overlap": {
+        "type": "object",
+        "patternProperties": {"a": {"type": "integer"}, "b": {"minimum": 2}},
+        "additionalProperties": {"type": "string"},
+    },
     "a draft-4 list beside integer": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -454,7 +471,6 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of touching bounds is kept",
         "oneOf of arrays that may be empty is kept",
         "oneOf whose not has no positive form is kept",
-        "oneOf of a pattern and a value it takes is kept",
     ):
         assert rules[kept] == set(), kept
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
@@ -482,6 +498,10 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf beside a branch of unknown keywords",
         "oneOf of closed objects sharing the empty object",
         "oneOf of closed objects sharing a property",
+        "oneOf of overlapping patterns",
+        "oneOf of patterns no string matches both",
+        "oneOf of a pattern and every string",
+        "oneOf of a pattern and a value it takes",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")
@@ -523,17 +543,51 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     assert len(lower_schema(CASES["uniqueItems of booleans"]).schema["enum"]) == 5
     for kept in ("uniqueItems of equal listed items is kept", "uniqueItems of open items is kept"):
         assert "uniqueItems" in lower_schema(CASES[kept]).schema, kept
+    for name in ("not of a pattern", "not of an unanchored pattern, any type"):
+        assert "not" not in json.dumps(lower_schema(CASES[name]).schema), name
+    assert "not" in lower_schema(CASES["not of a lookahead is kept"]).schema
+    assert rules["patternProperties that overlap"] == {"patternProperties"}
+    assert (
+        len(lower_schema(CASES["patternProperties that overlap"]).schema["patternProperties"]) == 3
+    )
+    apart = lower_schema(CASES["oneOf of patterns no string matches both"]).rewrites
+    assert [r.detail for r in apart] == ["oneOf with disjoint branches -> anyOf"]
     listed_one = {"$schema": DRAFT4, "type": "integer", "enum": [1.0, 2], "maximum": 2}
     assert "type" in lower_schema(listed_one).schema  # 1 passes, 1.0 does not: both equal 1.0
 
 
+NAMES_ENDING_IN_DOLLAR = {
+    "type": "object",
+    "patternProperties": {"^a$": {"type": "integer"}, "b$|^c": {"minimum": 2}},
+    "additionalProperties": {"type": "string"},
+}
+"""Name patterns ending in `$`: Python's (jsonschema's) also matches before a final newline."""
+
+
+def test_name_patterns_ending_in_dollar_take_the_final_newline() -> None:
+    """Rewritten so that a backend, whose `$` is only the end, matches the names jsonschema
+    matches; jsonschema reads the rewritten pattern with one more final newline, so the
+    verdicts agree on every name without two final newlines."""
+    lowered = lower_schema(NAMES_ENDING_IN_DOLLAR)
+    assert {r.rule for r in lowered.rewrites} == {"patternProperties"}
+    assert "^a\\n?$" in lowered.schema["patternProperties"]
+    for name in ("a", "a\n", "ab", "b", "b\n", "ab\n", "c", "c\n", "x", "x\n", "\n"):
+        for value in (1, 3, "x"):
+            _agree(NAMES_ENDING_IN_DOLLAR, {name: value})
+    assert lower_schema(lowered.schema).schema != lowered.schema  # read as jsonschema does
+
+
 def test_a_lowered_schema_is_left_unchanged_by_lowering_again() -> None:
     """Lowering is one pass, and complete where no `$ref` is involved (through one, a
-    second pass may read a lowered target that the first read unlowered)."""
+    second pass may read a lowered target that the first read unlowered) and no name
+    pattern was written for a backend's `$` (a second pass reads it as jsonschema does)."""
     for name, schema in CASES.items():
         if "$ref" in json.dumps(schema):
             continue
-        once = lower_schema(schema).schema
+        first = lower_schema(schema)
+        if any("final newline" in r.detail for r in first.rewrites):
+            continue
+        once = first.schema
         assert lower_schema(once).schema == once, name
 
 
@@ -661,8 +715,9 @@ def test_every_corpus_instance_keeps_its_verdict(corpus_dir: Path) -> None:
 def test_backends_enforce_lowered_combinators(
     deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler, backend: str
 ) -> None:
-    """`not` an enum (a string pattern from a trie) and a count with a decimal point, as
-    the backends compile them: the listed strings and the longer arrays are refused."""
+    """`not` an enum (a string pattern from a trie), `not` a pattern (its complement) and a
+    count with a decimal point, as the backends compile them: the listed strings, the
+    matching ones and the longer arrays are refused."""
     table = byte_token_ids(deepseek)
     schemas = {
         "not enum": (
@@ -673,16 +728,45 @@ def test_backends_enforce_lowered_combinators(
             {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True},
             [('["a","b"]', True), ('["b"]', True), ('["a","a"]', False), ('["b","a","b"]', False)],
         ),
+        "not pattern": (
+            {"type": "string", "not": {"pattern": "^a|c$"}},
+            [('"ba"', True), ('""', True), ('"a"', False), ('"abc"', False), ('"bc"', False)],
+        ),
+        "name patterns ending in $": (
+            NAMES_ENDING_IN_DOLLAR,
+            [
+                ('{"a\\n":"x"}', False),
+                ('{"a\\n":1}', True),
+                ('{"b\\n":1}', False),
+                ('{"b\\n":2}', True),
+                ('{"x\\n":1}', False),
+                ('{"x":"y"}', True),
+            ],
+        ),
+        "patternProperties that overlap": (
+            CASES["patternProperties that overlap"],
+            [
+                ('{"ab":1}', False),
+                ('{"ab":2}', True),
+                ('{"a":1}', True),
+                ('{"b":1}', False),
+                ('{"b":"x"}', True),
+                ('{"ab":"x"}', False),
+                ('{"c":"x"}', True),
+            ],
+        ),
         "maxItems 2.0": (
             {"type": "array", "items": {"type": "integer"}, "maxItems": 2.0},
             [("[1,2]", True), ("[1,2,3]", False)],
         ),
     }
     for name, (schema, probes) in schemas.items():
+        if "patternProperties" in schema and backend == "xgrammar":
+            continue  # declared there, and it refuses valid names (a completeness gap)
         try:
             compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), backend)
         except gm.UnsupportedGrammarError:
-            assert backend == "xgrammar" and name == "not enum"  # no anyOf of types there
+            assert backend == "xgrammar" and name.startswith("not")  # no anyOf of types there
             continue
         matcher = compiled.matcher()
         for text, valid in probes:

@@ -25,7 +25,7 @@ from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
 from ..walk import map_subschemas
-from . import anchors, combinators, dialects, disjoint, listed
+from . import anchors, combinators, dialects, disjoint, listed, regular
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         if only_listed is not out:
             return only_listed
         _dependencies(out, pointer, context)
+        _pattern_properties(out, pointer, context)
         _not(out, pointer, context)
         _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
@@ -208,6 +209,41 @@ def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None
             rewritten = combinators.dependency_branches(name, then, present=name in always)
             _add_all_of(node, rewritten)
         context.note(pointer, "dependencies", f"{keyword} -> anyOf per property")
+
+
+def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """`patternProperties` as a backend reads them exactly: overlapping patterns as disjoint
+    ones (a name matching several meets all their schemas; llguidance refuses overlaps),
+    and a pattern ending in `$` with the final newline Python's `$` lets before it (a
+    backend's `$` does not: such a name would fall to `additionalProperties`)."""
+    entries = node.get("patternProperties")
+    if not isinstance(entries, dict) or not entries:
+        return
+    names = list(entries)
+    try:
+        split = regular.regions(names) if len(names) > 1 else None
+    except regular.UnreadablePattern:
+        return
+    if split is not None:
+        exact: dict[str, Any] = {}
+        for written, members in split:
+            schemas = [entries[names[i]] for i in members]
+            key = "" if written is True else str(written)
+            exact[key] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+        detail = "overlapping patterns -> disjoint ones, each as a backend reads it"
+    else:
+        exact = {}
+        for name, schema in entries.items():
+            try:
+                renamed = regular.name_pattern(name)
+            except regular.UnreadablePattern:
+                renamed = None
+            exact[name if renamed is None or renamed in entries else renamed] = schema
+        if list(exact) == names:
+            return
+        detail = "a name pattern ending in `$` -> with Python's final newline"
+    node["patternProperties"] = exact
+    context.note(pointer, "patternProperties", detail)
 
 
 def _not(node: dict[str, Any], pointer: str, context: _Context) -> None:
