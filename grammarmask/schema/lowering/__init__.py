@@ -25,7 +25,8 @@ from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
 from ..walk import map_subschemas
-from . import anchors, combinators, dialects, disjoint, listed, regular
+from . import anchors, combinators, dialects, disjoint, listed, regular, strings
+from .reading import Reading
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,19 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         if only_listed is not out:
             return only_listed
         _dependencies(out, pointer, context)
-        _pattern_properties(out, pointer, context)
+        if not _aligned_pattern_properties(node, out, pointer, context):
+            _pattern_properties(out, pointer, context)
         _not(out, pointer, context)
         _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
+        one_pattern = strings.as_one_pattern(out, Reading(context.root, draft))
+        if one_pattern is not None:
+            written, for_backend = one_pattern
+            detail = "a string of patterns, lengths and nots -> one pattern"
+            if for_backend:
+                detail += ", written for a backend's `$` (jsonschema's takes a final newline)"
+            context.note(pointer, "pattern", detail)
+            return written
     return out
 
 
@@ -209,6 +219,57 @@ def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None
             rewritten = combinators.dependency_branches(name, then, present=name in always)
             _add_all_of(node, rewritten)
         context.note(pointer, "dependencies", f"{keyword} -> anyOf per property")
+
+
+def _aligned_pattern_properties(
+    original: dict[str, Any], node: dict[str, Any], pointer: str, context: _Context
+) -> bool:
+    """`patternProperties` of a node and of its `allOf` branches written over one set of
+    disjoint patterns, each holder keeping exactly its own names (llguidance merges the
+    branches' patterns and refuses two that overlap). True where rewritten. Each pattern
+    is given the region keys it spans, so every holder still matches exactly the names
+    jsonschema matches (each key written for a backend, as `regular.regions` writes it)."""
+    holders: list[tuple[dict[str, Any], list[str], list[Any]]] = []
+    own = node.get("patternProperties")
+    if isinstance(own, dict) and own:
+        holders.append((node, list(own), list(own.values())))
+    lowered_branches, written_branches = node.get("allOf"), original.get("allOf")
+    if not isinstance(lowered_branches, list) or not isinstance(written_branches, list):
+        return False
+    try:
+        for lowered, written in zip(lowered_branches, written_branches, strict=False):
+            entries = written.get("patternProperties") if isinstance(written, dict) else None
+            kept = lowered.get("patternProperties") if isinstance(lowered, dict) else None
+            if not isinstance(entries, dict) or not isinstance(kept, dict) or not entries:
+                continue
+            if len(kept) != len(entries) or (
+                len(entries) > 1 and regular.regions(list(entries)) is not None
+            ):
+                return False  # the branch split its own patterns: its keys are not its names
+            holders.append((lowered, list(entries), list(kept.values())))
+        names = list(
+            dict.fromkeys(name for _, written_names, _ in holders for name in written_names)
+        )
+        split = regular.regions(names) if len(holders) > 1 else None
+    except regular.UnreadablePattern:
+        return False
+    if split is None:
+        return False
+    for holder, written_names, schemas in holders:
+        by_name = dict(zip(written_names, schemas, strict=True))
+        exact: dict[str, Any] = {}
+        for region, members in split:
+            inside = [by_name[names[i]] for i in members if names[i] in by_name]
+            if inside:
+                key = "" if region is True else str(region)
+                exact[key] = inside[0] if len(inside) == 1 else {"allOf": inside}
+        if holder is node:
+            node["patternProperties"] = exact
+        else:
+            index = next(i for i, b in enumerate(lowered_branches) if b is holder)
+            lowered_branches[index] = {**holder, "patternProperties": exact}
+    context.note(pointer, "patternProperties", "patterns of allOf branches -> one disjoint set")
+    return True
 
 
 def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -> None:

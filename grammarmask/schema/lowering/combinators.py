@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..keywords import VOCABULARY
+from .disjoint import within
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
 from .regular import UnreadablePattern, combined_pattern
 
@@ -205,9 +206,14 @@ def exactly_one(
     rewritten = []
     for index, branch in enumerate(branches):
         excluded = []
-        for other_index, other in enumerate(branches):
-            if (min(index, other_index), max(index, other_index)) not in overlapping:
-                continue
+        others = [
+            (other_index, other)
+            for other_index, other in enumerate(branches)
+            if (min(index, other_index), max(index, other_index)) in overlapping
+        ]
+        if any(within(branch, other, root, draft) for _, other in others):
+            continue  # whenever it holds another holds too: never the only one
+        for other_index, other in others:
             if other_index not in negations:
                 negations[other_index] = positive_not(other, root, draft)
             negation = negations[other_index]

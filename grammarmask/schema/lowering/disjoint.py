@@ -73,6 +73,13 @@ _OBJECT_KEYWORDS = frozenset(
 that is no object."""
 
 
+def within(first: Any, second: Any, root: Any, draft: str | None) -> bool:
+    """Every value `first` accepts, `second` accepts too: proved where `second` constrains
+    objects only and `first` accepts no object (a `oneOf` never takes `first` alone)."""
+    reading = Reading(root, draft)
+    return _objects_only(resolve(second, reading)) and "object" not in atoms(first, reading)
+
+
 def _objects_only(node: Any) -> bool:
     return isinstance(node, dict) and bool(node) and set(node) <= _OBJECT_KEYWORDS
 

@@ -80,13 +80,16 @@ def resolve(node: Any, reading: Reading) -> Any:
 
 def atoms(node: Any, reading: Reading, depth: int = 0) -> frozenset[str]:
     """The kinds of value `node` may accept (all of them when unknown): from its `type`,
-    `const`, `enum`, and the branches of its `anyOf`, `oneOf` and `allOf`."""
+    `const`, `enum`, a `$ref` beside them, and the branches of its `anyOf`, `oneOf` and
+    `allOf`."""
     node = resolve(node, reading)
     if node is False:
         return frozenset()
     if not isinstance(node, dict) or depth > REF_DEPTH:
         return ATOMS
     found = set(ATOMS)
+    if "$ref" in node:  # kept beside other keywords: its target applies as well
+        found &= atoms({"$ref": node["$ref"]}, reading, depth + 1)
     kinds = node.get("type")
     if isinstance(kinds, str):
         kinds = [kinds]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
-MAX_STATES = 400
+MAX_STATES = 2000
 """Automata larger than this are not built: the pattern keeps its keyword."""
 MAX_PATTERN_LENGTH = 6000
 """A written pattern longer than this is given up: backends compile long ones slowly."""
@@ -762,7 +762,7 @@ def combined_pattern(
     `additionalProperties`)."""
     sets = [s for p in [*matching, *failing] for s in sets_of(p)]
     alphabet = Alphabet(sets)
-    machine = Automaton((tuple(0 for _ in alphabet.classes),), frozenset({0}))  # every string
+    machine = _everything(alphabet)
     for pattern in matching:
         machine = machine.intersection(automaton(pattern, alphabet))
     for pattern in failing:
@@ -771,20 +771,119 @@ def combined_pattern(
         return False
     if machine.complement().is_empty():
         return True
-    written = machine if whole else _as_python_reads_it(machine, alphabet)
-    return f"^{_pattern_of(written, alphabet)}$"
+    return _written_whole(machine if whole else _as_python_reads_it(machine, alphabet), alphabet)
+
+
+@dataclass(frozen=True)
+class Matching:
+    """The strings `pattern` finds a match in (jsonschema's reading)."""
+
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The strings of `least` to `most` code points (`most` None: no upper bound)."""
+
+    least: int
+    most: int | None
+
+
+@dataclass(frozen=True)
+class AllOf:
+    """The strings in every part (no parts: every string)."""
+
+    parts: tuple[Strings, ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """The strings in some part (no parts: none)."""
+
+    parts: tuple[Strings, ...]
+
+
+@dataclass(frozen=True)
+class Outside:
+    """The strings not in `part`."""
+
+    part: Strings
+
+
+Strings = Matching | Lengths | AllOf | AnyOf | Outside
+"""A set of strings as a boolean combination of patterns and length bounds."""
+
+
+def language_pattern(strings: Strings, *, whole: bool = False) -> str | bool:
+    """One anchored pattern for `strings`, written as `combined_pattern` writes it (with
+    `whole`: for a backend, whose `$` is only the end; jsonschema then also takes each
+    string with one more final newline). False where no string is in it, True where every
+    string is; UnreadablePattern as there."""
+    alphabet = Alphabet(_string_sets(strings))
+    machine = _language(strings, alphabet, _everything(alphabet))
+    if machine.is_empty():
+        return False
+    if machine.complement().is_empty():
+        return True
+    return _written_whole(machine if whole else _as_python_reads_it(machine, alphabet), alphabet)
+
+
+def _string_sets(strings: Strings) -> list[Intervals]:
+    if isinstance(strings, Matching):
+        return sets_of(strings.pattern)
+    if isinstance(strings, Lengths):
+        return [NEWLINE]
+    if isinstance(strings, Outside):
+        return _string_sets(strings.part)
+    return [NEWLINE, *(s for part in strings.parts for s in _string_sets(part))]
+
+
+def _language(strings: Strings, alphabet: Alphabet, within: Automaton) -> Automaton:
+    """The strings of `strings` that `within` holds: every part is built inside the bounds
+    met so far, so that the automata stay small (a length bound first keeps them finite)."""
+    if isinstance(strings, Matching):
+        return within.intersection(automaton(strings.pattern, alphabet))
+    if isinstance(strings, Lengths):
+        if max(strings.least, strings.most or 0) > MAX_STATES:
+            raise UnreadablePattern("a length bound past the size limit")
+        bounded = _determinise(_Repeat(_Chars(EVERYTHING), strings.least, strings.most), alphabet)
+        return within.intersection(bounded)
+    if isinstance(strings, Outside):
+        return within.intersection(_language(strings.part, alphabet, within).complement())
+    if isinstance(strings, AllOf):
+        for part in sorted(strings.parts, key=_building_order):
+            within = _language(part, alphabet, within)
+        return within
+    found = _nothing(alphabet)
+    for part in strings.parts:
+        found = _product(found, _language(part, alphabet, within), lambda a, b: a or b)
+    return found
+
+
+def _building_order(strings: Strings) -> int:
+    """Length bounds first, then patterns, then the combinations: the cheap bounds first."""
+    return 0 if isinstance(strings, Lengths) else 1 if isinstance(strings, Matching) else 2
+
+
+def _everything(alphabet: Alphabet) -> Automaton:
+    return Automaton((tuple(0 for _ in alphabet.classes),), frozenset({0}))
+
+
+def _nothing(alphabet: Alphabet) -> Automaton:
+    return Automaton((tuple(0 for _ in alphabet.classes),), frozenset())
 
 
 def _as_python_reads_it(machine: Automaton, alphabet: Alphabet) -> Automaton:
     """The automaton R to write as `^R$`: Python reads that as R and R with a final newline,
-    a backend as R alone; so R is `machine` where that adds nothing, else `machine` less the
-    strings it holds with and without a final newline (a backend then refuses a final
-    newline that Python passes: stricter). UnreadablePattern where no such R exists."""
+    a backend as R alone; so R is the largest set that Python's reading keeps inside
+    `machine`, its strings that stay in it with one more final newline (a backend then
+    refuses a final newline that Python passes: stricter). UnreadablePattern where even
+    that R misses some of `machine`: then no R exists."""
     (newline,) = alphabet.members(NEWLINE)
-    extended = _product(machine, _then_newline(machine, newline), lambda a, b: a or b)
-    if _equal(extended, machine):
-        return machine
-    written = machine.intersection(_then_newline(machine, newline).complement())
+    before_newline = frozenset(
+        state for state, row in enumerate(machine.moves) if row[newline] in machine.accepting
+    )
+    written = machine.intersection(Automaton(machine.moves, before_newline))
     if not _equal(_product(written, _then_newline(written, newline), lambda a, b: a or b), machine):
         raise UnreadablePattern("no pattern reads alike with and without Python's final newline")
     return written
@@ -811,30 +910,46 @@ def _equal(first: Automaton, second: Automaton) -> bool:
     return _product(first, second, lambda a, b: a != b).is_empty()
 
 
-MAX_REGIONS_FROM = 4
-"""Overlapping patterns are split into regions only up to this many (2**n - 1 regions)."""
+MAX_REGIONS = 24
+"""Overlapping patterns are split into at most this many regions."""
 
 
 def regions(patterns: Sequence[str]) -> list[tuple[str | bool, tuple[int, ...]]] | None:
     """The strings matched by exactly the patterns at some indices, for each such set of
     indices that some string has: (one pattern for them, or True for every string; the
     indices). None where the patterns are already disjoint; UnreadablePattern where they
-    cannot be split or are too many. The patterns are written for a backend, as
+    cannot be split or give too many regions. The patterns are written for a backend, as
     `combined_pattern` with `whole` writes them."""
-    if len(patterns) > MAX_REGIONS_FROM:
-        raise UnreadablePattern(f"more than {MAX_REGIONS_FROM} overlapping patterns")
-    pairs = itertools.combinations(patterns, 2)
-    if all(combined_pattern([a, b], []) is False for a, b in pairs):
+    alphabet = Alphabet([s for p in patterns for s in sets_of(p)])
+    machines = [automaton(p, alphabet) for p in patterns]
+    if all(a.intersection(b).is_empty() for a, b in itertools.combinations(machines, 2)):
         return None
-    found: list[tuple[str | bool, tuple[int, ...]]] = []
-    for size in range(1, len(patterns) + 1):
-        for members in itertools.combinations(range(len(patterns)), size):
-            inside = [patterns[i] for i in members]
-            outside = [p for i, p in enumerate(patterns) if i not in members]
-            written = combined_pattern(inside, outside, whole=True)
-            if written is not False:
-                found.append((written, members))
-    return found
+    found: list[tuple[Automaton, tuple[int, ...]]] = []
+    for index, machine in enumerate(machines):
+        alone = machine
+        refined: list[tuple[Automaton, tuple[int, ...]]] = []
+        for region, members in found:
+            for part, part_members in (
+                (region.intersection(machine), (*members, index)),
+                (region.intersection(machine.complement()), members),
+            ):
+                if not part.is_empty():
+                    refined.append((part, part_members))
+            alone = alone.intersection(region.complement())
+        if not alone.is_empty():
+            refined.append((alone, (index,)))
+        if len(refined) > MAX_REGIONS:
+            raise UnreadablePattern(
+                f"overlapping patterns that make more than {MAX_REGIONS} regions"
+            )
+        found = refined
+    return [(_written_whole(region, alphabet), members) for region, members in found]
+
+
+def _written_whole(machine: Automaton, alphabet: Alphabet) -> str | bool:
+    if machine.complement().is_empty():
+        return True
+    return f"^{_pattern_of(machine, alphabet)}$"
 
 
 def name_pattern(pattern: str) -> str | None:
