@@ -401,6 +401,34 @@ CASES: dict[str, Any] = {
         ],
         "minProperties": 1,
     },
+    "oneOf of closed objects, the keys one requires in its own oneOf": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"f": {}, "v": {}, "r": {}},
+                "additionalProperties": False,
+                "oneOf": [{"required": ["f", "v"]}, {"required": ["f", "r"]}],
+            },
+            {
+                "type": "object",
+                "properties": {"f": {}},
+                "required": ["f"],
+                "additionalProperties": False,
+            },
+        ],
+    },
+    "a dependency on a discriminator its oneOf reads": {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}},
+        "dependentSchemas": {
+            "kind": {
+                "oneOf": [
+                    {"properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}},
+                    {"properties": {"kind": {"const": "dog"}, "lives": {"maximum": 1}}},
+                ]
+            }
+        },
+    },
     "a draft-4 list beside integer": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -531,6 +559,8 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of a pattern and a value it takes",
         "oneOf of null and an object-only branch",
         "oneOf of null and a $ref beside an annotation",
+        "oneOf of closed objects, the keys one requires in its own oneOf",
+        "a dependency on a discriminator its oneOf reads",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")

@@ -218,6 +218,8 @@ def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None
         for name, then in entries.items():
             rewritten = combinators.dependency_branches(name, then, present=name in always)
             _add_all_of(node, rewritten)
+            holds = rewritten if name in always else rewritten["anyOf"][1]
+            _one_of(holds, pointer + json_pointer([keyword, name]), context)
         context.note(pointer, "dependencies", f"{keyword} -> anyOf per property")
 
 

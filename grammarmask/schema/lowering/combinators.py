@@ -14,7 +14,7 @@ from typing import Any
 
 from ..keywords import VOCABULARY
 from .disjoint import within
-from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, resolve
+from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, joined, resolve
 from .regular import UnreadablePattern, combined_pattern
 
 _BOUND_INVERSES = {
@@ -63,12 +63,14 @@ def dependency_branches(name: str, then: Any, *, present: bool = False) -> dict[
     the property is absent, or it is present and `then` holds; a value that is no object
     passes both, as the dependency keywords let it): `then` is a list of required names
     or a schema. `present`: the object always has `name` (its schema requires it), so the
-    first branch is left out (llguidance refuses a branch no value can satisfy)."""
+    first branch is left out (llguidance refuses a branch no value can satisfy). A schema
+    is joined into the branch that requires `name` where their keywords do not clash, so
+    that a `oneOf` in it is read knowing `name` is there."""
     holds: dict[str, Any] = {"required": [name]}
     if isinstance(then, list):
         holds = {"required": list(dict.fromkeys([name, *then]))}
     elif then is not True:
-        holds = {"required": [name], "allOf": [then]}
+        holds = joined(holds, then) or {"required": [name], "allOf": [then]}
     return holds if present else {"anyOf": [{"properties": {name: False}}, holds]}
 
 

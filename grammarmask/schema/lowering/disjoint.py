@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ..verdicts import verdicts
-from .reading import ATOMS, REF_DEPTH, Reading, atoms, listed_values, resolve, values
+from .reading import ATOMS, REF_DEPTH, Reading, atoms, joined, listed_values, resolve, values
 from .regular import UnreadablePattern, combined_pattern
 
 
@@ -123,10 +123,30 @@ def disjoint(
         return True
     if common == {"string"} and _patterns_apart(first.get("pattern"), second.get("pattern")):
         return True
-    if common == {"object"}:
-        return _objects_disjoint(first, second, reading, scope, depth)
-    if common == {"array"}:
-        return _arrays_disjoint(first, second, reading, depth)
+    if common == {"object"} and _objects_disjoint(first, second, reading, scope, depth):
+        return True
+    if common == {"array"} and _arrays_disjoint(first, second, reading, depth):
+        return True
+    return depth == 0 and (
+        _branches_disjoint(first, second, reading, scope)
+        or _branches_disjoint(second, first, reading, scope)
+    )
+
+
+def _branches_disjoint(
+    first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope
+) -> bool:
+    """`first` holds an `anyOf` or `oneOf` each of whose branches, together with `first`'s
+    other keywords, shares no instance with `second` (an instance of `first` is in one of
+    them). Only at the top: the pairs multiply."""
+    for keyword in ("anyOf", "oneOf"):
+        branches = first.get(keyword)
+        if not (isinstance(branches, list) and branches):
+            continue
+        rest = {k: v for k, v in first.items() if k != keyword}
+        merged = [joined(rest, resolve(branch, reading)) for branch in branches]
+        if all(m is not None and disjoint(m, second, reading, scope, 1) for m in merged):
+            return True
     return False
 
 

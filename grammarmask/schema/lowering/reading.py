@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from ..keywords import VOCABULARY
 from ..pointers import resolve_pointer
 from .dialects import OLD_DRAFTS
 
@@ -139,3 +140,21 @@ def values(node: Any, reading: Reading) -> frozenset[str] | None:
 
 _LITERAL_PATTERN = re.compile(r"\^([A-Za-z0-9_ -]*)\$")
 """A pattern that names one string (`^success$`)."""
+
+
+def joined(node: dict[str, Any], branch: Any) -> dict[str, Any] | None:
+    """One schema object for `node` and `branch` both, where their keywords do not clash
+    (`required` lists join); None where they do."""
+    if branch is True:
+        return node
+    if not isinstance(branch, dict):
+        return None
+    merged = dict(node)
+    for key, value in branch.items():
+        if key not in merged or merged[key] == value:
+            merged[key] = value
+        elif key == "required" and isinstance(value, list) and isinstance(merged[key], list):
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key in VOCABULARY:
+            return None
+    return merged
