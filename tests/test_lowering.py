@@ -429,6 +429,20 @@ CASES: dict[str, Any] = {
             }
         },
     },
+    "propertyNames of a pattern": {
+        "type": "object",
+        "propertyNames": {"pattern": "^a"},
+        "properties": {"b": {}, "ab": {"type": "string"}},
+        "additionalProperties": {"type": "integer"},
+    },
+    "propertyNames of listed names or a length": {
+        "propertyNames": {"anyOf": [{"enum": ["kind", "lives", 3]}, {"maxLength": 1}]},
+        "patternProperties": {"^k": {"type": "string"}, "s$": {"minimum": 2}},
+    },
+    "propertyNames beside unevaluatedProperties is kept": {
+        "propertyNames": {"maxLength": 2},
+        "unevaluatedProperties": {"type": "integer"},
+    },
     "a draft-4 list beside integer": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -456,8 +470,23 @@ ANY_JSON = st.recursive(
 """Instances near the cases' keywords: their property names, small numbers, dates."""
 
 
+def _ends_in_a_newline(instance: Any) -> bool:
+    if isinstance(instance, str):
+        return instance.endswith("\n")
+    if isinstance(instance, dict):
+        return any(_ends_in_a_newline(k) or _ends_in_a_newline(v) for k, v in instance.items())
+    return isinstance(instance, list) and any(map(_ends_in_a_newline, instance))
+
+
 def _agree(schema: Any, instance: Any) -> None:
+    """jsonschema's verdict is the same on both forms; where lowering wrote a pattern for a
+    backend's `$`, only on instances without a string ending in a newline (the backends'
+    reading of those is tested by the backend tests)."""
     lowered = lower_schema(schema)
+    if _ends_in_a_newline(instance) and any(
+        "for a backend's `$`" in r.detail for r in lowered.rewrites
+    ):
+        return
     verdict = validates(lowered.schema, instance, strict_integers=lowered.strict_integers)
     assert validates(schema, instance) == verdict, (
         f"lowering changed the verdict on {instance!r}: {json.dumps(lowered.schema)}"
@@ -617,6 +646,11 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     aligned = lower_schema(CASES["patternProperties of allOf branches that overlap"]).schema
     keys = [set(branch["patternProperties"]) for branch in aligned["allOf"]]
     assert len(keys[0] & keys[1]) == 1 and len(keys[0] | keys[1]) == 3  # a and b, a, b
+    for name in ("propertyNames of a pattern", "propertyNames of listed names or a length"):
+        names = lower_schema(CASES[name]).schema
+        assert "propertyNames" not in names and names["additionalProperties"] is False, name
+    assert set(lower_schema(CASES["propertyNames of a pattern"]).schema["properties"]) == {"ab"}
+    assert rules["propertyNames beside unevaluatedProperties is kept"] == set()
     listed_one = {"$schema": DRAFT4, "type": "integer", "enum": [1.0, 2], "maximum": 2}
     assert "type" in lower_schema(listed_one).schema  # 1 passes, 1.0 does not: both equal 1.0
 
@@ -887,6 +921,31 @@ def test_backends_enforce_lowered_combinators(
                 ("{}", False),
             ],
         ),
+        "propertyNames of a pattern": (
+            CASES["propertyNames of a pattern"],
+            [
+                ('{"a":1}', True),
+                ('{"ab":"x"}', True),
+                ('{"ab":1}', False),
+                ('{"b":1}', False),
+                ('{"x":1}', False),
+                ('{"ac":"s"}', False),
+                ('{"ac":2}', True),
+                ('{"a\\n":1}', True),
+            ],
+        ),
+        "propertyNames of listed names or a length": (
+            CASES["propertyNames of listed names or a length"],
+            [
+                ('{"kind":"cat"}', True),
+                ('{"kind":1}', False),
+                ('{"lives":3}', True),
+                ('{"lives":1}', False),
+                ('{"x":null}', True),
+                ('{"xy":1}', False),
+                ('{"kind\\n":"a"}', False),
+            ],
+        ),
         "oneOf of null and an object-only branch": (
             CASES["oneOf of null and an object-only branch"],
             [
@@ -914,10 +973,10 @@ def test_backends_enforce_lowered_combinators(
         matcher = compiled.matcher()
         for text, valid in probes:
             accepted = feed(matcher, [table[b] for b in text.encode()])[0]
-            if compiled.unenforced:  # declared loose: only the valid ones are owed
+            if backend == "xgrammar" and "\\n" in text:  # its escape gap (conformance.md)
+                assert valid or not accepted or compiled.unenforced, (name, text)
+            elif compiled.unenforced:  # declared loose: only the valid ones are owed
                 assert accepted or not valid, (name, text)
-            elif backend == "xgrammar" and "\\n" in text:  # its escape gap (conformance.md)
-                assert valid or not accepted, (name, text)
             else:
                 assert accepted == valid, (name, backend, text)
 

@@ -121,7 +121,9 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         if only_listed is not out:
             return only_listed
         _dependencies(out, pointer, context)
-        if not _aligned_pattern_properties(node, out, pointer, context):
+        if not _property_names(out, pointer, context) and not _aligned_pattern_properties(
+            node, out, pointer, context
+        ):
             _pattern_properties(out, pointer, context)
         _not(out, pointer, context)
         _if_then_else(out, pointer, context)
@@ -221,6 +223,60 @@ def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None
             holds = rewritten if name in always else rewritten["anyOf"][1]
             _one_of(holds, pointer + json_pointer([keyword, name]), context)
         context.note(pointer, "dependencies", f"{keyword} -> anyOf per property")
+
+
+def _property_names(node: dict[str, Any], pointer: str, context: _Context) -> bool:
+    """`propertyNames` spelled by the names the object may have: its listed properties
+    outside the allowed names are dropped, its patterns are cut to the allowed names
+    (and split where they overlap), the allowed names nothing else covers take
+    `additionalProperties`, and every other name is refused by `additionalProperties:
+    false`. True where rewritten (the patterns are then written for a backend's `$`)."""
+    names = node.get("propertyNames")
+    listed = node.get("properties", {})
+    patterns = node.get("patternProperties", {})
+    additional = node.get("additionalProperties", True)
+    if names is None or "unevaluatedProperties" in node:
+        return False
+    if not (isinstance(listed, dict) and isinstance(patterns, dict)):
+        return False
+    allowed = strings.names_language(names, Reading(context.root, context.draft))
+    if allowed is None:
+        return False
+    try:
+        split = regular.split_names(allowed, list(listed), list(patterns))
+    except regular.UnreadablePattern:
+        return False
+    schemas = list(patterns.values())
+    exact: dict[str, Any] = {}
+    for written, members in split.regions:
+        inside = [schemas[i] for i in members]
+        exact["" if written is True else str(written)] = (
+            inside[0] if len(inside) == 1 else {"allOf": inside}
+        )
+    if split.rest is not False and additional is not False:
+        key = "" if split.rest is True else str(split.rest)
+        if key in exact:
+            return False
+        exact[key] = additional
+    if listed:  # a name outside the allowed ones falls to `additionalProperties: false`
+        node["properties"] = {
+            name: schema
+            for (name, schema), ok in zip(listed.items(), split.allowed, strict=True)
+            if ok
+        }
+    if exact:
+        node["patternProperties"] = exact
+    else:
+        node.pop("patternProperties", None)
+    node["additionalProperties"] = False
+    del node["propertyNames"]
+    context.note(
+        pointer,
+        "propertyNames",
+        "the allowed names -> properties and patterns written for a backend's `$` "
+        "(jsonschema's takes a final newline), no others",
+    )
+    return True
 
 
 def _aligned_pattern_properties(

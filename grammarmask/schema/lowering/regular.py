@@ -363,6 +363,10 @@ class Alphabet:
         self._signatures = list(signatures)
         self._sets = sets
 
+    def class_of(self, code: int) -> int:
+        """The class that holds the code point `code`."""
+        return next(i for i, klass in enumerate(self.classes) if _contains(klass, code))
+
     def members(self, intervals: Intervals) -> frozenset[int]:
         """The classes that make up `intervals` (one of the sets given)."""
         column = self._sets.index(intervals)
@@ -386,6 +390,12 @@ class Automaton:
 
     def intersection(self, other: Automaton) -> Automaton:
         return _product(self, other, lambda a, b: a and b)
+
+    def accepts(self, text: str, alphabet: Alphabet) -> bool:
+        state = 0
+        for char in text:
+            state = self.moves[state][alphabet.class_of(ord(char))]
+        return state in self.accepting
 
     def is_empty(self) -> bool:
         return not (self.accepting & _reachable(self.moves))
@@ -810,7 +820,14 @@ class Outside:
     part: Strings
 
 
-Strings = Matching | Lengths | AllOf | AnyOf | Outside
+@dataclass(frozen=True)
+class Listed:
+    """These strings and no others."""
+
+    values: tuple[str, ...]
+
+
+Strings = Matching | Lengths | Listed | AllOf | AnyOf | Outside
 """A set of strings as a boolean combination of patterns and length bounds."""
 
 
@@ -833,6 +850,8 @@ def _string_sets(strings: Strings) -> list[Intervals]:
         return sets_of(strings.pattern)
     if isinstance(strings, Lengths):
         return [NEWLINE]
+    if isinstance(strings, Listed):
+        return [NEWLINE, *(((ord(c), ord(c)),) for value in strings.values for c in value)]
     if isinstance(strings, Outside):
         return _string_sets(strings.part)
     return [NEWLINE, *(s for part in strings.parts for s in _string_sets(part))]
@@ -848,6 +867,11 @@ def _language(strings: Strings, alphabet: Alphabet, within: Automaton) -> Automa
             raise UnreadablePattern("a length bound past the size limit")
         bounded = _determinise(_Repeat(_Chars(EVERYTHING), strings.least, strings.most), alphabet)
         return within.intersection(bounded)
+    if isinstance(strings, Listed):
+        words = tuple(
+            _Sequence(tuple(_Chars(((ord(c), ord(c)),)) for c in value)) for value in strings.values
+        )
+        return within.intersection(_determinise(_Either(words), alphabet))
     if isinstance(strings, Outside):
         return within.intersection(_language(strings.part, alphabet, within).complement())
     if isinstance(strings, AllOf):
@@ -924,6 +948,44 @@ def regions(patterns: Sequence[str]) -> list[tuple[str | bool, tuple[int, ...]]]
     machines = [automaton(p, alphabet) for p in patterns]
     if all(a.intersection(b).is_empty() for a, b in itertools.combinations(machines, 2)):
         return None
+    return [(_written_whole(r, alphabet), members) for r, members in _refined(machines)]
+
+
+@dataclass(frozen=True)
+class NameSplit:
+    """Property names cut by a language of allowed names (`propertyNames`): which listed
+    names it allows, the regions of the patterns inside it (as `regions` gives them), and
+    the allowed names that no listed name or pattern covers (a pattern, True for every
+    string, False for none). Patterns written for a backend."""
+
+    allowed: tuple[bool, ...]
+    regions: tuple[tuple[str | bool, tuple[int, ...]], ...]
+    rest: str | bool
+
+
+def split_names(allowed: Strings, listed: Sequence[str], patterns: Sequence[str]) -> NameSplit:
+    """`listed` names and `patterns` (jsonschema's reading) within the `allowed` names;
+    UnreadablePattern as for `regions`."""
+    alphabet = Alphabet(
+        [*_string_sets(allowed), *_string_sets(Listed(tuple(listed)))]
+        + [s for p in patterns for s in sets_of(p)]
+    )
+    inside = _language(allowed, alphabet, _everything(alphabet))
+    machines = [inside.intersection(automaton(p, alphabet)) for p in patterns]
+    rest = inside.intersection(
+        _language(Listed(tuple(listed)), alphabet, _everything(alphabet)).complement()
+    )
+    for machine in machines:
+        rest = rest.intersection(machine.complement())
+    return NameSplit(
+        tuple(bool(inside.accepts(name, alphabet)) for name in listed),
+        tuple((_written_whole(r, alphabet), m) for r, m in _refined(machines)),
+        False if rest.is_empty() else _written_whole(rest, alphabet),
+    )
+
+
+def _refined(machines: Sequence[Automaton]) -> list[tuple[Automaton, tuple[int, ...]]]:
+    """The non-empty regions of `machines`: each with the indices of the machines it is in."""
     found: list[tuple[Automaton, tuple[int, ...]]] = []
     for index, machine in enumerate(machines):
         alone = machine
@@ -943,7 +1005,7 @@ def regions(patterns: Sequence[str]) -> list[tuple[str | bool, tuple[int, ...]]]
                 f"overlapping patterns that make more than {MAX_REGIONS} regions"
             )
         found = refined
-    return [(_written_whole(region, alphabet), members) for region, members in found]
+    return found
 
 
 def _written_whole(machine: Automaton, alphabet: Alphabet) -> str | bool:

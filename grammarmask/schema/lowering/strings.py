@@ -65,6 +65,12 @@ def _written(strings: regular.Strings) -> tuple[str | bool, bool] | None:
     return None
 
 
+def names_language(node: Any, reading: Reading) -> regular.Strings | None:
+    """The property names a `propertyNames` schema allows, as a combination of patterns,
+    lengths and listed names (every name is a string); None where it uses anything else."""
+    return _strings(node, reading, 0)
+
+
 def _strings(node: Any, reading: Reading, depth: int) -> regular.Strings | None:
     """`node` on strings, as a combination; None where it uses anything else."""
     if depth > _NESTING:
@@ -106,6 +112,11 @@ def _keyword(key: str, value: Any, reading: Reading, depth: int) -> regular.Stri
         return regular.AllOf(()) if "string" in kinds else regular.AnyOf(())
     if key == "$ref":
         return _strings({"$ref": value}, reading, depth + 1)
+    if key in ("enum", "const") and (reading.const or key == "enum"):
+        listed = value if key == "enum" else [value]
+        if not isinstance(listed, list):
+            return None
+        return regular.Listed(tuple(dict.fromkeys(v for v in listed if isinstance(v, str))))
     if key == "not":
         inner = _strings(value, reading, depth + 1)
         return None if inner is None else regular.Outside(inner)
@@ -136,7 +147,7 @@ def _worth_it(strings: regular.Strings) -> bool:
 def _census(strings: regular.Strings) -> tuple[int, bool]:
     if isinstance(strings, regular.Matching):
         return 1, False
-    if isinstance(strings, regular.Lengths):
+    if isinstance(strings, regular.Lengths | regular.Listed):
         return 0, False
     if isinstance(strings, regular.Outside):
         return _census(strings.part)[0], True
