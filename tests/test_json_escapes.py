@@ -19,7 +19,11 @@ PATTERNS = (
     r"^[^\\]+$", r'^[^"]+$', r'^[^"\\]+$', r"^(?:[^\\]|\\\\)+$", r"^[^/]+$", r"^[a-z]+$",
     r"^\S+$", r"^\w+$", r"^.+$", r"^[^é]+$", r"^[^😀]+$", r"^[ -~]+$", r"^[^\n]+$",
     r"^[^\s\\]+$", r"^\D+$", r"^[^\x00-\x1f]+$", r"^[a-zé]+$", r"^[^a-z]+$",
+    r"^[\x00-\x1fa-z]+$", r"^[\x00-!#-~]+$", r"^[\x01-!#-~]+$", r"^[a-z\\]+$",
+    "^[!#-~\U00010000-\U0010ffff]+$", "^[a-z\U00010000-\U0010ffff]+$",
 )  # fmt: skip
+"""Negated classes, shorthands, `.`, positive classes with the backslash, from U+0000
+(llguidance) and with characters above U+FFFF (xgrammar; written as the characters)."""
 TEXTS = (
     r'"a\\b"', r'"a\"b"', r'"a\/b"', r'"a\nb"', r'"a\tb"', r'"a\u00e9b"', r'"a\u005cb"',
     r'"a\u0022b"', r'"\ud83d\ude00"', '"😀"', r'"a\u0020b"', r'"a\u0061"', '"aé"', r'"\u00e9"',

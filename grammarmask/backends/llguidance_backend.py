@@ -23,7 +23,11 @@ from ..errors import CompileError, UnsupportedGrammarError, VocabularyError
 from ..grammars import Grammar
 from ..schema import KeywordSupport, LoweredSchema, Unenforced, find_unenforced, iter_subschemas
 from ..schema.judge import COMMON_FORMATS, COMMON_KEYWORDS
-from ..schema.patterns import may_exclude_quote_or_backslash, negated_class_rule
+from ..schema.patterns import (
+    class_rule,
+    from_nul_without_quote_or_backslash,
+    may_exclude_quote_or_backslash,
+)
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
 
@@ -33,8 +37,23 @@ def negated_class_excluding_quote_or_backslash(
 ) -> Iterable[Unenforced]:
     r"""llguidance lets the JSON escape `\"` or `\\` through a negated class that excludes
     that character: `"a\\b"`, a string holding a backslash, passes `^[^\\]+$`."""
-    what = "a quote or a backslash"
-    yield from negated_class_rule(node, pointer, may_exclude_quote_or_backslash, what)
+    reason = (
+        "a negated character class that excludes a quote or a backslash lets it through"
+        " as a JSON escape"
+    )
+    yield from class_rule(node, pointer, may_exclude_quote_or_backslash, reason)
+
+
+def class_from_nul_without_quote_or_backslash(
+    node: dict[str, Any], pointer: str
+) -> Iterable[Unenforced]:
+    r"""llguidance lets `\"` and `\\` through a class with a range from U+0000 that leaves
+    them out: `"a\\b"` passes `^[\x00-\x1fa-z]+$` (`[\x01-\x1fa-z]` is read right)."""
+    reason = (
+        "a character class from U+0000 without a quote or a backslash lets them through"
+        " as JSON escapes"
+    )
+    yield from class_rule(node, pointer, from_nul_without_quote_or_backslash, reason)
 
 
 LLGUIDANCE_SUPPORT = KeywordSupport(
@@ -45,7 +64,7 @@ LLGUIDANCE_SUPPORT = KeywordSupport(
     },
     measured_on=("1.7.6", "1.9.1"),
     formats=COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},
-    rules=(negated_class_excluding_quote_or_backslash,),
+    rules=(negated_class_excluding_quote_or_backslash, class_from_nul_without_quote_or_backslash),
     format_notes=(
         ("date", "is approximated: February 29 passes in every year"),
         ("date-time", "is approximated: February 29 passes in every year"),

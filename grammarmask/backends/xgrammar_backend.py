@@ -26,9 +26,10 @@ from ..schema.judge import (
     required_outside_properties,
 )
 from ..schema.patterns import (
+    astral_beside_backslash,
+    class_rule,
     has_optional_group_ending_in_repetition,
     may_exclude_non_ascii,
-    negated_class_rule,
 )
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, pack_bits, words_per_row
@@ -66,7 +67,21 @@ def optional_group_ending_in_repetition(node: dict[str, Any], pointer: str) -> I
 def negated_class_excluding_non_ascii(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
     r"""xgrammar lets a `\uXXXX` escape through a negated class that excludes that non-ASCII
     character: `"\u00e9"` passes `^[^é]+$`."""
-    yield from negated_class_rule(node, pointer, may_exclude_non_ascii, "a non-ASCII character")
+    reason = (
+        "a negated character class that excludes a non-ASCII character lets it through"
+        " as a JSON escape"
+    )
+    yield from class_rule(node, pointer, may_exclude_non_ascii, reason)
+
+
+def astral_class_beside_backslash(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    r"""xgrammar reads a class that holds a character above U+FFFF and the backslash on the
+    written text: `"a\u0022b"` (a quote) and `"a\nb"` pass `^[!#-~\U00010000-\U0010ffff]+$`
+    written with the characters themselves."""
+    reason = (
+        "a character class with characters above U+FFFF and the backslash lets JSON escapes through"
+    )
+    yield from class_rule(node, pointer, astral_beside_backslash, reason)
 
 
 _ONE_TYPE_KEYWORDS = frozenset(
@@ -133,6 +148,7 @@ XGRAMMAR_SUPPORT = KeywordSupport(
         properties_beside_pattern_properties,
         optional_group_ending_in_repetition,
         negated_class_excluding_non_ascii,
+        astral_class_beside_backslash,
     ),
     format_notes=(
         ("date", "is approximated: any day 01-31 passes in every month"),

@@ -33,9 +33,9 @@ def has_optional_group_ending_in_repetition(pattern: str) -> bool:
     return False
 
 
-def negated_classes(pattern: str) -> list[str]:
-    """The bodies of the pattern's negated character classes (`[^...]`), escapes kept."""
-    bodies, index = [], 0
+def character_classes(pattern: str) -> list[tuple[bool, str]]:
+    """The pattern's character classes: (negated, body), escapes kept in the body."""
+    classes, index = [], 0
     while index < len(pattern):
         char = pattern[index]
         if char == "\\":
@@ -50,10 +50,9 @@ def negated_classes(pattern: str) -> list[str]:
         start = end
         while end < len(pattern) and pattern[end] != "]":
             end += 2 if pattern[end] == "\\" else 1
-        if negated:
-            bodies.append(pattern[start:end])
+        classes.append((negated, pattern[start:end]))
         index = end + 1
-    return bodies
+    return classes
 
 
 _SHORTHANDS = frozenset("sSdDwW")
@@ -96,31 +95,44 @@ def _class_items(body: str) -> list[tuple[int, int] | str]:
     return items
 
 
-def may_exclude_quote_or_backslash(body: str) -> bool:
+def _covers(items: list[tuple[int, int] | str], code: int) -> bool:
+    return any(
+        item in "SDW" if isinstance(item, str) else item[0] <= code <= item[1] for item in items
+    )  # \S, \D and \W cover a quote, a backslash and every character above U+FFFF
+
+
+def may_exclude_quote_or_backslash(negated: bool, body: str) -> bool:
     """A negated class with this body may exclude `"` or `\\`."""
-    for item in _class_items(body):
-        if isinstance(item, str):
-            if item in "SDW":  # these cover both
-                return True
-        elif any(item[0] <= code <= item[1] for code in (0x22, 0x5C)):
-            return True
-    return False
+    return negated and (_covers(_class_items(body), 0x22) or _covers(_class_items(body), 0x5C))
 
 
-def may_exclude_non_ascii(body: str) -> bool:
+def may_exclude_non_ascii(negated: bool, body: str) -> bool:
     """A negated class with this body may exclude a character outside ASCII."""
-    return any(isinstance(item, str) or item[1] >= 0x80 for item in _class_items(body))
+    return negated and any(isinstance(i, str) or i[1] >= 0x80 for i in _class_items(body))
 
 
-def negated_class_rule(
-    node: dict[str, Any], pointer: str, excludes: Callable[[str], bool], what: str
+def from_nul_without_quote_or_backslash(negated: bool, body: str) -> bool:
+    """A class with a range from U+0000 that leaves out `"` or `\\`."""
+    items = _class_items(body)
+    from_nul = any(not isinstance(i, str) and i[0] == 0 < i[1] for i in items)
+    return not negated and from_nul and not (_covers(items, 0x22) and _covers(items, 0x5C))
+
+
+def astral_beside_backslash(negated: bool, body: str) -> bool:
+    """A class that holds a character above U+FFFF and the backslash."""
+    items = _class_items(body)
+    astral = any(not isinstance(i, str) and i[1] >= 0x10000 for i in items)
+    return not negated and astral and _covers(items, 0x5C)
+
+
+def class_rule(
+    node: dict[str, Any], pointer: str, risky: Callable[[bool, str], bool], reason: str
 ) -> Iterable[Unenforced]:
-    """The `pattern` and `patternProperties` of `node` whose negated classes `excludes`
-    judges risky, reported as letting `what` through as a JSON escape."""
-    reason = f"a negated character class that excludes {what} lets it through as a JSON escape"
+    """The `pattern` and `patternProperties` of `node` with a character class that `risky`
+    (given whether it is negated, and its body) judges a way for a JSON escape through."""
     pattern = node.get("pattern")
-    if isinstance(pattern, str) and any(map(excludes, negated_classes(pattern))):
+    if isinstance(pattern, str) and any(risky(*c) for c in character_classes(pattern)):
         yield Unenforced(pointer, "pattern", reason)
     keys = node.get("patternProperties")
-    if isinstance(keys, dict) and any(excludes(b) for k in keys for b in negated_classes(k)):
+    if isinstance(keys, dict) and any(risky(*c) for k in keys for c in character_classes(k)):
         yield Unenforced(pointer, "patternProperties", reason)
