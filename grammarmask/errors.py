@@ -69,6 +69,11 @@ class CompileAbandonedError(CompileTimeoutError):
     any request's reason."""
 
 
+class UnreadablePatternError(GrammarMaskError, ValueError):
+    """Internal: a pattern outside the constructs the lowering's regex reader reads, or an
+    automaton past its size limits; the lowering then keeps the pattern as written or refuses."""
+
+
 class GrammarTooLargeError(GrammarError):
     """A spec over a size or nesting limit (`GrammarLimits`): bounded before any backend
     spends memory, threads or Python's recursion limit on it."""

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grammarmask.schema.lowering.regular import UnreadablePattern, combined_pattern
+from grammarmask.errors import UnreadablePatternError
+from grammarmask.schema.lowering.regular import combined_pattern
 
 PATTERNS = (
     "^a", "b$", "abc", "^a+$", "^[a-c]{2,3}$", "x|^y", r"^\d+$", r"\s", "^.{1,3}$", "[^a-z]",
@@ -42,7 +43,7 @@ def test_the_written_pattern_matches_what_search_says(
 ) -> None:
     try:
         written = combined_pattern(matching, failing)
-    except UnreadablePattern:
+    except UnreadablePatternError:
         return  # the caller keeps the keyword: sound, and measured below not to be common
     for text in texts:
         wanted = _wanted(matching, failing, text)
@@ -55,14 +56,14 @@ def test_the_written_pattern_matches_what_search_says(
 
 
 def test_most_pairs_of_the_patterns_are_written() -> None:
-    """UnreadablePattern (a pattern past the size limits, no reading alike with and without
+    """UnreadablePatternError (a pattern past the size limits, no reading alike with and without
     a final newline) stays the exception on these patterns."""
     pairs = [(m, f) for m in PATTERNS for f in PATTERNS]
     unreadable = 0
     for matching, failing in pairs:
         try:
             combined_pattern([matching], [failing])
-        except UnreadablePattern:
+        except UnreadablePatternError:
             unreadable += 1
     assert unreadable < len(pairs) // 10, unreadable
 
@@ -81,13 +82,13 @@ def test_empty_and_full_languages_are_booleans() -> None:
      "(?P<n>a)", "a++", "(a", "[a", "\\"],
 )  # fmt: skip
 def test_constructs_outside_the_reading_are_refused_by_name(pattern: str) -> None:
-    with pytest.raises(UnreadablePattern):
+    with pytest.raises(UnreadablePatternError):
         combined_pattern([], [pattern])
 
 
 def test_the_limits_refuse_what_would_be_too_long() -> None:
     """A long counted repetition written out, and `\\w` (hundreds of Unicode ranges)."""
-    with pytest.raises(UnreadablePattern, match="size limit"):
+    with pytest.raises(UnreadablePatternError, match="size limit"):
         combined_pattern(["^[a-z0-9]{1,255}$"], [])
-    with pytest.raises(UnreadablePattern, match="size limit"):
+    with pytest.raises(UnreadablePatternError, match="size limit"):
         combined_pattern([], [r"^\w+$"])

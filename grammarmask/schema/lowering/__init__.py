@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import UnreadablePatternError
 from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
@@ -244,7 +245,7 @@ def _property_names(node: dict[str, Any], pointer: str, context: _Context) -> bo
         return False
     try:
         split = regular.split_names(allowed, list(listed), list(patterns))
-    except regular.UnreadablePattern:
+    except UnreadablePatternError:
         return False
     schemas = list(patterns.values())
     exact: dict[str, Any] = {}
@@ -309,7 +310,7 @@ def _aligned_pattern_properties(
             dict.fromkeys(name for _, written_names, _ in holders for name in written_names)
         )
         split = regular.regions(names) if len(holders) > 1 else None
-    except regular.UnreadablePattern:
+    except UnreadablePatternError:
         return False
     if split is None:
         return False
@@ -341,7 +342,7 @@ def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -
     names = list(entries)
     try:
         split = regular.regions(names) if len(names) > 1 else None
-    except regular.UnreadablePattern:
+    except UnreadablePatternError:
         return
     if split is not None:
         exact: dict[str, Any] = {}
@@ -355,7 +356,7 @@ def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -
         for name, schema in entries.items():
             try:
                 renamed = regular.name_pattern(name)
-            except regular.UnreadablePattern:
+            except UnreadablePatternError:
                 renamed = None
             exact[name if renamed is None or renamed in entries else renamed] = schema
         if list(exact) == names:

@@ -12,10 +12,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from ...errors import UnreadablePatternError
 from ..keywords import VOCABULARY
 from .disjoint import within
 from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, joined, resolve
-from .regular import UnreadablePattern, combined_pattern
+from .regular import combined_pattern
 
 _BOUND_INVERSES = {
     "minimum": ("number", "exclusiveMaximum", 0),
@@ -146,7 +147,7 @@ def _not_matching(pattern: str) -> dict[str, Any] | bool | None:
     other value satisfies the pattern); None where that pattern cannot be read or written."""
     try:
         outside = combined_pattern([], [pattern])
-    except UnreadablePattern:
+    except UnreadablePatternError:
         return None
     if isinstance(outside, bool):
         return {"type": "string"} if outside else False

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from ...errors import UnreadablePatternError
 from ..verdicts import verdicts
 from .reading import ATOMS, REF_DEPTH, Reading, atoms, joined, listed_values, resolve, values
-from .regular import UnreadablePattern, combined_pattern
+from .regular import combined_pattern
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _patterns_apart(first: Any, second: Any) -> bool:
         return False
     try:
         return combined_pattern([first, second], []) is False
-    except UnreadablePattern:
+    except UnreadablePatternError:
         return False
 
 

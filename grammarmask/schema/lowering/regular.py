@@ -5,7 +5,7 @@ only one may match, then have an exact positive form.
 A pattern means what jsonschema makes of it: Python's `re.search` on the decoded string
 (`.` all but a newline, `\\d`, `\\w`, `\\s` as Python's Unicode classes, `$` at the end or
 before a final newline). Constructs outside that reading (lookarounds, backreferences,
-flags, `\\b`, anchors inside a sequence) raise UnreadablePattern, and the caller keeps the
+flags, `\\b`, anchors inside a sequence) raise UnreadablePatternError, and the caller keeps the
 keyword. The patterns written back hold only anchors at both ends, character classes,
 alternation, groups and `*`, `+`, `?`: the dialect every backend parses alike.
 """
@@ -16,6 +16,8 @@ import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from ...errors import UnreadablePatternError
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -28,10 +30,6 @@ MAX_DEPTH = 150
 
 Intervals = tuple[tuple[int, int], ...]
 """A set of code points: sorted, disjoint, non-adjacent inclusive ranges."""
-
-
-class UnreadablePattern(ValueError):
-    """A pattern outside the constructs read here, or an automaton past the size limits."""
 
 
 # -- character sets ---------------------------------------------------------------------
@@ -132,7 +130,7 @@ class _Parser:
     def parse(self) -> _Node:
         node = self._either()
         if self.at != len(self.text):
-            raise UnreadablePattern(f"unbalanced ')' at {self.at}")
+            raise UnreadablePatternError(f"unbalanced ')' at {self.at}")
         return node
 
     def _peek(self, ahead: int = 0) -> str:
@@ -153,7 +151,7 @@ class _Parser:
             low_high = self._quantifier()
             if low_high is not None:
                 if isinstance(item, _Anchor):
-                    raise UnreadablePattern("a quantified anchor")
+                    raise UnreadablePatternError("a quantified anchor")
                 item = _Repeat(item, *low_high)
             items.append(item)
         return items[0] if len(items) == 1 else _Sequence(tuple(items))
@@ -171,7 +169,7 @@ class _Parser:
         if self._peek() == "?":
             self.at += 1  # lazy: the same language
         if self._peek() in ("*", "+", "?", "{") and self._peek():
-            raise UnreadablePattern("a possessive or repeated quantifier")
+            raise UnreadablePatternError("a possessive or repeated quantifier")
         return bounds
 
     def _counted(self) -> tuple[int, int | None] | None:
@@ -191,7 +189,7 @@ class _Parser:
         low = int(low_text) if low_text else 0
         high = (int(high_text) if high_text else None) if comma else low
         if high is not None and high < low:
-            raise UnreadablePattern("a counted repetition whose maximum is below its minimum")
+            raise UnreadablePatternError("a counted repetition whose maximum is below its minimum")
         self.at = end + 1
         return low, high
 
@@ -201,15 +199,15 @@ class _Parser:
         if char == "(":
             if self._peek() == "?":
                 if self._peek(1) != ":":
-                    raise UnreadablePattern("a group with flags, a name or a lookaround")
+                    raise UnreadablePatternError("a group with flags, a name or a lookaround")
                 self.at += 2
             inner = self._either()
             if self._peek() != ")":
-                raise UnreadablePattern("an unclosed group")
+                raise UnreadablePatternError("an unclosed group")
             self.at += 1
             return inner
         if char in ("*", "+", "?"):
-            raise UnreadablePattern("a quantifier with nothing to repeat")
+            raise UnreadablePatternError("a quantifier with nothing to repeat")
         if char == "^":
             return _Anchor(at_start=True)
         if char == "$":
@@ -231,21 +229,21 @@ class _Parser:
         while True:
             char = self._peek()
             if not char:
-                raise UnreadablePattern("an unclosed character class")
+                raise UnreadablePatternError("an unclosed character class")
             if char == "]" and not first:
                 self.at += 1
                 break
             if char == "[" and self._peek(1) in (":", "=", "."):
-                raise UnreadablePattern("a POSIX class")
+                raise UnreadablePatternError("a POSIX class")
             first = False
             low = self._class_item()
             if self._peek() == "-" and self._peek(1) not in ("]", ""):
                 self.at += 1
                 high = self._class_item()
                 if len(low) != 1 or len(high) != 1 or low[0][0] != low[0][1]:
-                    raise UnreadablePattern("a range between classes")
+                    raise UnreadablePatternError("a range between classes")
                 if high[0][0] != high[0][1] or high[0][0] < low[0][0]:
-                    raise UnreadablePattern("a range out of order")
+                    raise UnreadablePatternError("a range out of order")
                 ranges.append((low[0][0], high[0][0]))
             else:
                 ranges.extend(low)
@@ -263,7 +261,7 @@ class _Parser:
         char = self._peek()
         self.at += 1
         if not char:
-            raise UnreadablePattern("a pattern ending in a backslash")
+            raise UnreadablePatternError("a pattern ending in a backslash")
         if char in _CLASS_ESCAPES:
             test, negated = _CLASS_ESCAPES[char]
             intervals = _python_class(test)
@@ -275,16 +273,16 @@ class _Parser:
             width = {"x": 2, "u": 4, "U": 8}[char]
             digits = self.text[self.at : self.at + width]
             if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                raise UnreadablePattern(f"a malformed \\{char} escape")
+                raise UnreadablePatternError(f"a malformed \\{char} escape")
             self.at += width
             code = int(digits, 16)
             if code > MAX_CODE_POINT:
-                raise UnreadablePattern("an escape past the last code point")
+                raise UnreadablePatternError("an escape past the last code point")
             return ((code, code),)
         if char.isascii() and char.isalnum():
-            raise UnreadablePattern(f"the escape \\{char}")
+            raise UnreadablePatternError(f"the escape \\{char}")
         if not char.isascii() and not in_class and char.isalnum():
-            raise UnreadablePattern(f"the escape \\{char}")
+            raise UnreadablePatternError(f"the escape \\{char}")
         return ((ord(char), ord(char)),)
 
 
@@ -308,7 +306,7 @@ def _searched(tree: _Node, *, end_only: bool = False) -> _Node:
         if ends:
             items = items[:-1]
         if any(_holds_anchor(item) for item in items):
-            raise UnreadablePattern("an anchor inside the pattern")
+            raise UnreadablePatternError("an anchor inside the pattern")
         head: list[_Node] = [] if starts else [anything]
         tail: list[_Node] = [anything]
         if ends:
@@ -420,7 +418,7 @@ def _product(first: Automaton, second: Automaton, keep: Callable[[bool, bool], b
         for target in zip(first.moves[a], second.moves[b], strict=True):
             if target not in index:
                 if len(order) >= MAX_STATES:
-                    raise UnreadablePattern("an automaton past the size limit")
+                    raise UnreadablePatternError("an automaton past the size limit")
                 index[target] = len(order)
                 order.append(target)
             row.append(index[target])
@@ -448,7 +446,7 @@ def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
     def state() -> int:
         edges.append([])
         if len(edges) > 20 * MAX_STATES:
-            raise UnreadablePattern("a pattern past the size limit")
+            raise UnreadablePatternError("a pattern past the size limit")
         return len(edges) - 1
 
     def build(node: _Node, start: int) -> int:  # Thompson's construction: the end state
@@ -504,7 +502,7 @@ def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
             target = closure(step)
             if target not in index:
                 if len(order) >= MAX_STATES:
-                    raise UnreadablePattern("an automaton past the size limit")
+                    raise UnreadablePatternError("an automaton past the size limit")
                 index[target] = len(order)
                 order.append(target)
             row.append(index[target])
@@ -601,7 +599,7 @@ def _star(part: _Written) -> _Written:
 
 def _pattern_of(machine: Automaton, alphabet: Alphabet) -> str:
     """The whole-string language of `machine` as one pattern body (no anchors), by state
-    elimination; UnreadablePattern past MAX_PATTERN_LENGTH or MAX_DEPTH."""
+    elimination; UnreadablePatternError past MAX_PATTERN_LENGTH or MAX_DEPTH."""
     moves, accepting = machine.moves, machine.accepting
     useful = _coreachable(moves, accepting)
     start, final = len(moves), len(moves) + 1
@@ -632,10 +630,10 @@ def _pattern_of(machine: Automaton, alphabet: Alphabet) -> str:
                 edges[(p, q)] = _alt(edges[(p, q)], through) if (p, q) in edges else through
                 size, depth = _measure(edges[(p, q)])
                 if size > MAX_PATTERN_LENGTH or depth > MAX_DEPTH:
-                    raise UnreadablePattern("a written pattern past the size limit")
+                    raise UnreadablePatternError("a written pattern past the size limit")
     body = _write(edges.get((start, final), _Alt(())), alphabet, in_sequence=True)
     if len(body) > MAX_PATTERN_LENGTH:
-        raise UnreadablePattern("a written pattern past the size limit")
+        raise UnreadablePatternError("a written pattern past the size limit")
     return body
 
 
@@ -763,7 +761,7 @@ def combined_pattern(
 ) -> str | bool:
     """One anchored pattern for the strings every `matching` pattern finds a match in and no
     `failing` pattern does (each read as jsonschema reads it); False where no string is
-    such, True where every string is. UnreadablePattern where a pattern is outside the
+    such, True where every string is. UnreadablePatternError where a pattern is outside the
     constructs read here, the automata or the written pattern are too large, or the
     written pattern would read differently under Python's `$` (a final newline). `whole`:
     written for a backend, whose `$` is only the end: its reading is exactly these strings,
@@ -835,7 +833,7 @@ def language_pattern(strings: Strings, *, whole: bool = False) -> str | bool:
     """One anchored pattern for `strings`, written as `combined_pattern` writes it (with
     `whole`: for a backend, whose `$` is only the end; jsonschema then also takes each
     string with one more final newline). False where no string is in it, True where every
-    string is; UnreadablePattern as there."""
+    string is; UnreadablePatternError as there."""
     alphabet = Alphabet(_string_sets(strings))
     machine = _language(strings, alphabet, _everything(alphabet))
     if machine.is_empty():
@@ -864,7 +862,7 @@ def _language(strings: Strings, alphabet: Alphabet, within: Automaton) -> Automa
         return within.intersection(automaton(strings.pattern, alphabet))
     if isinstance(strings, Lengths):
         if max(strings.least, strings.most or 0) > MAX_STATES:
-            raise UnreadablePattern("a length bound past the size limit")
+            raise UnreadablePatternError("a length bound past the size limit")
         bounded = _determinise(_Repeat(_Chars(EVERYTHING), strings.least, strings.most), alphabet)
         return within.intersection(bounded)
     if isinstance(strings, Listed):
@@ -901,7 +899,7 @@ def _as_python_reads_it(machine: Automaton, alphabet: Alphabet) -> Automaton:
     """The automaton R to write as `^R$`: Python reads that as R and R with a final newline,
     a backend as R alone; so R is the largest set that Python's reading keeps inside
     `machine`, its strings that stay in it with one more final newline (a backend then
-    refuses a final newline that Python passes: stricter). UnreadablePattern where even
+    refuses a final newline that Python passes: stricter). UnreadablePatternError where even
     that R misses some of `machine`: then no R exists."""
     (newline,) = alphabet.members(NEWLINE)
     before_newline = frozenset(
@@ -909,7 +907,9 @@ def _as_python_reads_it(machine: Automaton, alphabet: Alphabet) -> Automaton:
     )
     written = machine.intersection(Automaton(machine.moves, before_newline))
     if not _equal(_product(written, _then_newline(written, newline), lambda a, b: a or b), machine):
-        raise UnreadablePattern("no pattern reads alike with and without Python's final newline")
+        raise UnreadablePatternError(
+            "no pattern reads alike with and without Python's final newline"
+        )
     return written
 
 
@@ -941,7 +941,7 @@ MAX_REGIONS = 24
 def regions(patterns: Sequence[str]) -> list[tuple[str | bool, tuple[int, ...]]] | None:
     """The strings matched by exactly the patterns at some indices, for each such set of
     indices that some string has: (one pattern for them, or True for every string; the
-    indices). None where the patterns are already disjoint; UnreadablePattern where they
+    indices). None where the patterns are already disjoint; UnreadablePatternError where they
     cannot be split or give too many regions. The patterns are written for a backend, as
     `combined_pattern` with `whole` writes them."""
     alphabet = Alphabet([s for p in patterns for s in sets_of(p)])
@@ -965,7 +965,7 @@ class NameSplit:
 
 def split_names(allowed: Strings, listed: Sequence[str], patterns: Sequence[str]) -> NameSplit:
     """`listed` names and `patterns` (jsonschema's reading) within the `allowed` names;
-    UnreadablePattern as for `regions`."""
+    UnreadablePatternError as for `regions`."""
     alphabet = Alphabet(
         [*_string_sets(allowed), *_string_sets(Listed(tuple(listed)))]
         + [s for p in patterns for s in sets_of(p)]
@@ -1001,7 +1001,7 @@ def _refined(machines: Sequence[Automaton]) -> list[tuple[Automaton, tuple[int, 
         if not alone.is_empty():
             refined.append((alone, (index,)))
         if len(refined) > MAX_REGIONS:
-            raise UnreadablePattern(
+            raise UnreadablePatternError(
                 f"overlapping patterns that make more than {MAX_REGIONS} regions"
             )
         found = refined

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import UnreadablePatternError
 from ..keywords import VOCABULARY
 from . import regular
 from .reading import REF_DEPTH, Reading, resolve
@@ -59,7 +60,7 @@ def _written(strings: regular.Strings) -> tuple[str | bool, bool] | None:
     for whole in (False, True):
         try:
             return regular.language_pattern(strings, whole=whole), whole
-        except regular.UnreadablePattern as error:
+        except UnreadablePatternError as error:
             if "final newline" not in str(error):
                 return None
     return None
