@@ -26,10 +26,15 @@ import grammarmask as gm
 from grammarmask.errors import SchemaJudgeError
 from grammarmask.resources import bundled_sample_dir
 from grammarmask.schema import lower_schema
+from grammarmask.schema.lowering.disjoint import included
+from grammarmask.schema.lowering.reading import Reading
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+GRID = {"type": "object", "properties": {"h": {"type": "number"}}, "additionalProperties": False}
+"""A closed object: its `not` has no positive form."""
 
 CASES: dict[str, Any] = {
     "integer-valued counts": {
@@ -196,8 +201,27 @@ CASES: dict[str, Any] = {
             {"type": "number", "exclusiveMinimum": 3},
         ],
     },
-    "oneOf of touching bounds is kept": {
+    "oneOf of touching bounds": {
         "oneOf": [{"type": "integer", "maximum": 2}, {"type": "integer", "minimum": 2}],
+    },
+    "oneOf of open objects where each branch settles the shared property": {
+        "oneOf": [
+            {"properties": {"events": {"type": "array", "items": {"enum": ["a", "b"]}}}},
+            {"properties": {"events": {"enum": ["a", "b"]}}},
+        ],
+    },
+    "oneOf of closed objects that share a property with no positive not": {
+        "type": "array",
+        "items": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"kind": {"enum": [kind]}, "grid": GRID, **extra},
+                    "additionalProperties": False,
+                }
+                for kind, extra in (("x", {"x": {"type": "integer"}}), ("y", {}))
+            ],
+        },
     },
     "oneOf of array counts": {
         "type": "array",
@@ -552,13 +576,15 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     for kept in (
         "not integer is kept",
         "oneOf integer and number is kept",
-        "oneOf of touching bounds is kept",
         "oneOf of arrays that may be empty is kept",
         "oneOf whose not has no positive form is kept",
     ):
         assert rules[kept] == set(), kept
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
     for converted in (
+        "oneOf of touching bounds",
+        "oneOf of open objects where each branch settles the shared property",
+        "oneOf of closed objects that share a property with no positive not",
         "oneOf of types",
         "oneOf of consts",
         "oneOf on a discriminator",
@@ -1004,3 +1030,54 @@ def test_backends_write_integers_without_a_fraction(
         accepted = feed(matcher, [table[b] for b in text.encode()])[0]
         # a declared looseness may accept an invalid text, never refuse a valid one
         assert accepted == valid or (compiled.unenforced and accepted), (backend, text)
+
+
+INCLUDED = {
+    "the same schema": ({"type": "string", "maxLength": 3}, {"type": "string", "maxLength": 3}),
+    "listed values the other accepts": ({"enum": ["ab", "cd"]}, {"type": "string", "minLength": 2}),
+    "a narrower pattern": ({"type": "string", "pattern": "^[a-f]+$"}, {"pattern": "^[a-f]*$"}),
+    "tighter bounds": (
+        {"type": "integer", "minimum": 3, "maximum": 5},
+        {"minimum": 0, "maximum": 9},
+    ),
+    "items and properties": (
+        {
+            "type": "array",
+            "items": {"type": "object", "required": ["a", "b"], "properties": {"a": {"const": 1}}},
+        },
+        {"type": "array", "items": {"required": ["a"], "properties": {"a": {"type": "integer"}}}},
+    ),
+}
+NOT_INCLUDED = {
+    "a wider pattern": ({"type": "string", "pattern": "^[a-f]*$"}, {"pattern": "^[a-f]+$"}, ""),
+    "a type left out": ({"type": ["string", "null"]}, {"type": "string"}, None),
+    "a looser bound": ({"type": "integer", "maximum": 10}, {"maximum": 9}, 10),
+    "a property the outer one requires": ({"type": "object"}, {"required": ["a"]}, {}),
+    "tuple items": (
+        {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}},
+        {"items": {"type": "integer"}},
+        ["a"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INCLUDED))
+@settings(max_examples=40, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_included_holds_only_where_every_inner_value_is_an_outer_value(
+    name: str, data: st.DataObject
+) -> None:
+    """`included` lets a `oneOf` rewrite skip the ways out of a branch that the kept branch
+    rules out; an inclusion it claims falsely would drop instances."""
+    inner, outer = INCLUDED[name]
+    assert included(inner, outer, Reading(None, None))
+    instance = data.draw(from_schema(inner))
+    assert jsonschema.Draft202012Validator(outer).is_valid(instance)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_INCLUDED))
+def test_included_is_refused_where_an_inner_value_fails_the_outer_schema(name: str) -> None:
+    inner, outer, witness = NOT_INCLUDED[name]
+    assert jsonschema.Draft202012Validator(inner).is_valid(witness)
+    assert not jsonschema.Draft202012Validator(outer).is_valid(witness)
+    assert not included(inner, outer, Reading(None, None))

@@ -14,8 +14,8 @@ from typing import Any
 
 from ...errors import UnreadablePatternError
 from ..keywords import VOCABULARY
-from .disjoint import within
-from .reading import REF_DEPTH, TYPE_ATOMS, Reading, atom, joined, resolve
+from .disjoint import disjoint, included, property_schema, within
+from .reading import ATOMS, REF_DEPTH, TYPE_ATOMS, Reading, atom, atoms, joined, resolve
 from .regular import combined_pattern
 
 _BOUND_INVERSES = {
@@ -221,6 +221,8 @@ def exactly_one(
                 negations[other_index] = positive_not(other, root, draft)
             negation = negations[other_index]
             if negation is None:
+                negation = positive_not(other, root, draft, given=branch)
+            if negation is None:
                 negation = _outside_closed_object(branch, other, root, draft)
             if negation is None:
                 return None
@@ -229,6 +231,17 @@ def exactly_one(
             continue  # another branch accepts everything: this one is never the only one
         rewritten.append({"allOf": [branch, *excluded]} if excluded else branch)
     return rewritten or None
+
+
+def _settled(negated: Any, given: Any, reading: Reading, *, lowered: bool) -> bool | None:
+    """`not: negated` on the values `given` accepts, where that needs no reading of
+    `negated`: True where they share no value, False where `negated` takes every one of
+    them (and where `given` accepts nothing); None otherwise."""
+    if given is False or given is True:
+        return False if given is False else None
+    if disjoint(given, negated, reading):
+        return True
+    return False if included(given, negated, reading, judged=lowered) else None
 
 
 _CLOSED_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
@@ -258,7 +271,13 @@ def _outside_closed_object(kept: Any, closed: Any, root: Any, draft: str | None)
     ways += [{"properties": {n: False}} for n in dict.fromkeys(required)]
     for name in kept_names:
         if name in closed_names:
-            outside = positive_not(closed["properties"][name], root, draft, lowered=False)
+            outside = positive_not(
+                closed["properties"][name],
+                root,
+                draft,
+                lowered=False,
+                given=property_schema(kept, name, reading),
+            )
             if outside is None:
                 return None
             if outside is not False:
@@ -286,12 +305,20 @@ def positive_not(
     depth: int = 0,
     *,
     lowered: bool = True,
+    given: Any = None,
 ) -> dict[str, Any] | bool | None:
     """A schema without `not` that accepts exactly what `not: negated` accepts, for the
     shapes that have one; None for the others. A branch that is a local `$ref` is read at
     its target (in the user's schema `root`, written in `draft`); `lowered` says whether
     `negated` is already lowered, so that its parts may be kept as they are. `depth`
-    counts the `$ref`s followed (a recursive schema has no positive `not` this way)."""
+    counts the `$ref`s followed (a recursive schema has no positive `not` this way).
+    With `given`, a schema every value in question satisfies, the result need only agree
+    with `not: negated` on those values: parts of `negated` that `given` settles (a
+    property `given` holds to other values, a type `given` has) need no positive form."""
+    if given is not None:
+        settled = _settled(negated, given, Reading(root, draft), lowered=lowered)
+        if settled is not None:
+            return settled
     if root is not None and isinstance(negated, dict) and "$ref" in negated:
         target = resolve(negated, Reading(root, draft))
         if target is negated or depth >= REF_DEPTH:
@@ -313,7 +340,8 @@ def positive_not(
     if set(negated) in ({"anyOf"}, {"allOf"}) and isinstance(next(iter(negated.values())), list):
         ((keyword, branches),) = negated.items()
         positives = [
-            positive_not(branch, root, draft, depth, lowered=lowered) for branch in branches
+            positive_not(branch, root, draft, depth, lowered=lowered, given=given)
+            for branch in branches
         ]
         if not branches or any(p is None for p in positives):
             return None
@@ -326,14 +354,17 @@ def positive_not(
         return {"type": "object", **_lacking_one_of(names)}
     if len(negated) > 1 and set(negated) <= _INDEPENDENT:  # not (A and B) = not A or not B
         parts = [
-            positive_not({key: value}, root, draft, depth, lowered=lowered)
+            positive_not({key: value}, root, draft, depth, lowered=lowered, given=given)
             for key, value in negated.items()
         ]
         return None if any(p is None for p in parts) else {"anyOf": parts}
     if set(negated) == {"properties"} and isinstance(negated["properties"], dict):
         branches = []
         for name, schema in negated["properties"].items():
-            inverse = positive_not(schema, root, draft, depth, lowered=lowered)
+            value_given = None
+            if given is not None:
+                value_given = property_schema(given, name, Reading(root, draft))
+            inverse = positive_not(schema, root, draft, depth, lowered=lowered, given=value_given)
             if inverse is None:
                 return None
             if inverse is not False:  # present and breaking its schema
@@ -350,7 +381,10 @@ def positive_not(
         if not (isinstance(kinds, list) and all(k in TYPE_ATOMS for k in kinds)):
             return None
         excluded = set().union(*(TYPE_ATOMS[k] for k in kinds)) if kinds else set()
-        if "integer" in excluded and "fraction" not in excluded:
+        possible = ATOMS if given is None else atoms(given, Reading(root, draft))
+        if possible <= excluded:
+            return False
+        if "integer" in excluded and "fraction" not in excluded and "fraction" in possible:
             return None  # "a number that is not an integer" has no type of its own
         left = [k for k in TYPE_ATOMS if TYPE_ATOMS[k].isdisjoint(excluded)]
         return {"type": left} if left else False

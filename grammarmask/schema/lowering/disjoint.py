@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ...errors import UnreadablePatternError
+from ..keywords import VOCABULARY
 from ..verdicts import verdicts
 from .reading import ATOMS, REF_DEPTH, Reading, atoms, joined, listed_values, resolve, values
 from .regular import combined_pattern
@@ -79,6 +80,73 @@ def within(first: Any, second: Any, root: Any, draft: str | None) -> bool:
     objects only and `first` accepts no object (a `oneOf` never takes `first` alone)."""
     reading = Reading(root, draft)
     return _objects_only(resolve(second, reading)) and "object" not in atoms(first, reading)
+
+
+def included(
+    inner: Any, outer: Any, reading: Reading, *, judged: bool = True, depth: int = 0
+) -> bool:
+    """Every value `inner` accepts, `outer` accepts too: proved where `outer` accepts
+    everything, the two are the same schema, (`judged`: `outer` is a lowered subschema)
+    jsonschema accepts every value `inner` lists against `outer`, or each keyword of
+    `outer` is implied by `inner`'s keywords (`_implied`)."""
+    inner, outer = resolve(inner, reading), resolve(outer, reading)
+    if outer is True or outer == {} or _same(inner, outer):
+        return True
+    listed = listed_values(inner, reading)
+    if listed is not None and judged and '"$ref"' not in json.dumps(outer):
+        found = verdicts(outer, listed)
+        if found is not None and all(found):
+            return True
+    if not (isinstance(inner, dict) and isinstance(outer, dict)) or depth > REF_DEPTH:
+        return False
+    keywords = {k: v for k, v in outer.items() if k in VOCABULARY}
+    return set(keywords) <= _IMPLIED_KEYWORDS and all(
+        _implied(inner, keyword, value, reading, depth) for keyword, value in keywords.items()
+    )
+
+
+_IMPLIED_KEYWORDS = frozenset(
+    {"type", "required", "properties", "items", "pattern", "minLength", "maxLength",
+     "minItems", "maxItems", "minimum", "maximum"}
+)  # fmt: skip
+"""The keywords `_implied` reads: each means the same whatever its neighbours are (`items`
+only where `prefixItems` is absent, which the set leaves out)."""
+_LOWER_BOUNDS = frozenset({"minLength", "minItems", "minimum"})
+
+
+def _implied(inner: dict[str, Any], keyword: str, value: Any, reading: Reading, depth: int) -> bool:
+    """Every value `inner` accepts satisfies `{keyword: value}`."""
+    if keyword == "type":
+        return atoms(inner, reading) <= atoms({"type": value}, reading)
+    if keyword == "required":
+        return isinstance(value, list) and set(_required(inner)) >= set(value)
+    if keyword == "properties":
+        return isinstance(value, dict) and all(
+            included(property_schema(inner, name, reading), schema, reading, depth=depth + 1)
+            for name, schema in value.items()
+        )
+    if keyword == "items":
+        if "prefixItems" in inner or isinstance(inner.get("items"), list):
+            return False
+        return included(inner.get("items", True), value, reading, depth=depth + 1)
+    if keyword == "pattern":
+        if not (isinstance(value, str) and isinstance(inner.get("pattern"), str)):
+            return False
+        try:
+            return combined_pattern([inner["pattern"]], [value]) is False
+        except UnreadablePatternError:
+            return False
+    own = inner.get(keyword)
+    if not (_is_number(value) and _is_number(own)):
+        return False
+    return own >= value if keyword in _LOWER_BOUNDS else own <= value
+
+
+def property_schema(node: Any, name: str, reading: Reading) -> Any:
+    """A schema that every value of property `name` in an object `node` accepts satisfies
+    (True: none known)."""
+    node = resolve(node, reading)
+    return _property_schema(node, name) if isinstance(node, dict) else True
 
 
 def _objects_only(node: Any) -> bool:
