@@ -26,7 +26,7 @@ import grammarmask as gm
 from grammarmask.errors import SchemaJudgeError
 from grammarmask.resources import bundled_sample_dir
 from grammarmask.schema import lower_schema
-from grammarmask.schema.lowering.disjoint import included
+from grammarmask.schema.lowering.disjoint import FORMAT_SUPERSETS, included
 from grammarmask.schema.lowering.reading import Reading
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
@@ -1081,3 +1081,29 @@ def test_included_is_refused_where_an_inner_value_fails_the_outer_schema(name: s
     assert jsonschema.Draft202012Validator(inner).is_valid(witness)
     assert not jsonschema.Draft202012Validator(outer).is_valid(witness)
     assert not included(inner, outer, Reading(None, None))
+
+
+@pytest.mark.parametrize("kind", sorted(FORMAT_SUPERSETS))
+@settings(max_examples=150, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_each_format_superset_matches_every_string_the_checker_accepts(
+    kind: str, data: st.DataObject
+) -> None:
+    """Two string branches are proved apart through their formats' supersets: a string the
+    format checker accepts outside its superset would make a `oneOf` rewrite drop it."""
+    text = data.draw(
+        from_schema({"type": "string", "format": kind})
+        | st.text(alphabet=st.sampled_from("aZ09.-:@%/_\n\u00e9 "), max_size=12)
+    )
+    if jsonschema.Draft202012Validator.FORMAT_CHECKER.conforms(text, kind):
+        assert re.search(FORMAT_SUPERSETS[kind], text), text
+
+
+def test_formats_prove_string_branches_apart() -> None:
+    schema = {
+        "type": "string",
+        "oneOf": [{"format": "uri"}, {"format": "hostname"}, {"pattern": "^\\./"}],
+    }
+    assert "oneOf" not in lower_schema(schema).schema
+    overlapping = {"type": "string", "oneOf": [{"format": "hostname"}, {"format": "ipv4"}]}
+    assert "oneOf" in lower_schema(overlapping).schema  # "1.2.3.4" is both

@@ -190,7 +190,7 @@ def disjoint(
     bounds = _BOUNDS_BY_KIND.get(common)
     if bounds is not None and _apart(_bounds(first, bounds), _bounds(second, bounds)):
         return True
-    if common == {"string"} and _patterns_apart(first.get("pattern"), second.get("pattern")):
+    if common == {"string"} and _strings_apart(first, second):
         return True
     if common == {"object"} and _objects_disjoint(first, second, reading, scope, depth):
         return True
@@ -219,14 +219,38 @@ def _branches_disjoint(
     return False
 
 
-def _patterns_apart(first: Any, second: Any) -> bool:
-    """No string matches both patterns (regular.py reads them)."""
-    if not (isinstance(first, str) and isinstance(second, str)):
+FORMAT_SUPERSETS = {
+    "uri": r"^[A-Za-z][A-Za-z0-9+.\-]*:",
+    "hostname": r"^[A-Za-z0-9.\-]+$",
+    "ipv4": r"^[0-9.]+$",
+    "ipv6": r"^[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*$",
+    "email": "@",
+    "idn-email": "@",
+}
+"""For a format every draft defines, a pattern that every string jsonschema's checker
+accepts in it matches: a URI starts with its scheme and a colon, a hostname is ASCII
+letters, digits, hyphens and dots, an IPv4 address digits and dots, an IPv6 address hex
+digits, dots and at least one colon (no zone), an email address holds an `@`. Only for
+proving strings apart: the format itself stays."""
+
+
+def _strings_apart(first: dict[str, Any], second: dict[str, Any]) -> bool:
+    """No string matches the patterns of both, and the patterns their formats' strings
+    match (regular.py reads them)."""
+    patterns = [*_string_patterns(first), *_string_patterns(second)]
+    if len(patterns) < 2:
         return False
     try:
-        return combined_pattern([first, second], []) is False
+        return combined_pattern(patterns, []) is False
     except UnreadablePatternError:
         return False
+
+
+def _string_patterns(node: dict[str, Any]) -> list[str]:
+    found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+    kind = node.get("format")
+    superset = FORMAT_SUPERSETS.get(kind) if isinstance(kind, str) else None
+    return [*found, superset] if superset else found
 
 
 def _listed_fail(listing: Any, other: Any, reading: Reading) -> bool:
