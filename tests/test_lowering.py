@@ -27,7 +27,7 @@ from grammarmask.errors import SchemaJudgeError
 from grammarmask.resources import bundled_sample_dir
 from grammarmask.schema import lower_schema
 from grammarmask.schema.lowering.disjoint import FORMAT_SUPERSETS, included
-from grammarmask.schema.lowering.reading import Reading
+from grammarmask.schema.lowering.reading import Reading, joined
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -223,6 +223,12 @@ CASES: dict[str, Any] = {
             ],
         },
     },
+    "oneOf of arrays whose items come from lists apart": {
+        "oneOf": [
+            {"type": "array", "maxItems": 3, "items": {"enum": ["a", "b"]}},
+            {"type": "array", "items": {"enum": ["c", 1]}},
+        ],
+    },
     "oneOf of array counts": {
         "type": "array",
         "oneOf": [{"maxItems": 1}, {"minItems": 2, "items": {"type": "string"}}],
@@ -265,7 +271,7 @@ CASES: dict[str, Any] = {
             {"minItems": 2, "prefixItems": [{"type": "integer"}]},
         ],
     },
-    "oneOf of arrays that may be empty is kept": {
+    "oneOf of arrays that may be empty": {
         "oneOf": [
             {"type": "array", "items": {"type": "string"}},
             {"type": "array", "items": {"type": "integer"}},
@@ -576,13 +582,14 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     for kept in (
         "not integer is kept",
         "oneOf integer and number is kept",
-        "oneOf of arrays that may be empty is kept",
         "oneOf whose not has no positive form is kept",
     ):
         assert rules[kept] == set(), kept
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
     for converted in (
         "oneOf of touching bounds",
+        "oneOf of arrays whose items come from lists apart",
+        "oneOf of arrays that may be empty",
         "oneOf of open objects where each branch settles the shared property",
         "oneOf of closed objects that share a property with no positive not",
         "oneOf of types",
@@ -1107,3 +1114,41 @@ def test_formats_prove_string_branches_apart() -> None:
     assert "oneOf" not in lower_schema(schema).schema
     overlapping = {"type": "string", "oneOf": [{"format": "hostname"}, {"format": "ipv4"}]}
     assert "oneOf" in lower_schema(overlapping).schema  # "1.2.3.4" is both
+
+
+@pytest.mark.parametrize(
+    ("node", "branch"),
+    [
+        ({"if": {"const": 1}}, {"then": False}),
+        ({"contains": {"const": 1}}, {"maxContains": 1}),
+        ({"additionalProperties": False}, {"properties": {"a": {}}}),
+        ({"prefixItems": [{"type": "string"}]}, {"items": False}),
+        ({"unevaluatedProperties": False}, {"properties": {"a": {}}}),
+    ],
+)
+def test_joined_refuses_keywords_that_read_each_other_split_apart(
+    node: dict[str, Any], branch: dict[str, Any]
+) -> None:
+    """Side by side in one object these keywords mean something else than in an allOf of
+    the two (`then` alone is ignored, `additionalProperties` covers its own object's
+    `properties`): a join there would prove apart branches that overlap."""
+    assert joined(node, branch) is None
+    witness = {
+        "if": 1,
+        "contains": [1, 1],
+        "additionalProperties": {"a": 0},
+        "prefixItems": ["s"],
+        "unevaluatedProperties": {"a": 0},
+    }[next(iter(node))]
+    validator = jsonschema.Draft202012Validator
+    apart = validator({"allOf": [node, branch]}).is_valid(witness)
+    assert apart != validator({**node, **branch}).is_valid(witness)
+
+
+def test_joined_merges_keywords_that_stand_alone() -> None:
+    node = {"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}}
+    assert joined(node, {"required": ["b"], "minProperties": 2}) == {
+        **node,
+        "required": ["a", "b"],
+        "minProperties": 2,
+    }

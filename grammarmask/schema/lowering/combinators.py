@@ -34,10 +34,12 @@ _BOUND_INVERSES = {
 the step from the bound to the opposite one: counts are integers)."""
 _INDEPENDENT = frozenset(
     {"type", "required", "properties", "enum", "const", "not", "anyOf", "allOf", "pattern"}
+    | {"items"}
     | set(_BOUND_INVERSES)
 )
 """Keywords whose meaning does not depend on their neighbours: a schema of several of them
-is the allOf of each alone (2019-09 on: exclusive bounds are numbers of their own)."""
+is the allOf of each alone (2019-09 on: exclusive bounds are numbers of their own; `items`
+beside no `prefixItems` or `additionalItems`, which are not in the set)."""
 _BLOCKING = frozenset({"$id", "id", "$anchor", "$dynamicAnchor", "$defs", "definitions"})
 """Keys that constrain nothing themselves but that references may lean on: they are kept
 where other non-vocabulary keys (annotations, `x-...`) are dropped, so that a schema
@@ -244,6 +246,24 @@ def _settled(negated: Any, given: Any, reading: Reading, *, lowered: bool) -> bo
     return False if included(given, negated, reading, judged=lowered) else None
 
 
+def _outside_items(
+    items: Any, given: Any, reading: Reading, *, lowered: bool
+) -> dict[str, Any] | bool | None:
+    """`not: {items: items}` (an array with an item outside `items`) on the arrays `given`
+    accepts, where their items settle it: none of them is an `items` value (any item will
+    do: a non-empty array) or each is one (no array is outside); None otherwise (it would
+    need `contains`)."""
+    if given is None or items is True:
+        return False if items is True else None
+    kept = resolve(given, reading)
+    if not isinstance(kept, dict) or "prefixItems" in kept or isinstance(kept.get("items"), list):
+        return None
+    kept_items = kept.get("items", True)
+    if kept_items is not True and disjoint(kept_items, items, reading):
+        return {"type": "array", "minItems": 1}
+    return False if included(kept_items, items, reading, judged=lowered) else None
+
+
 _CLOSED_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
 
 
@@ -370,6 +390,8 @@ def positive_not(
             if inverse is not False:  # present and breaking its schema
                 branches.append({"required": [name], "properties": {name: inverse}})
         return {"type": "object", "anyOf": branches} if branches else False
+    if set(negated) == {"items"} and isinstance(negated["items"], (dict, bool)):
+        return _outside_items(negated["items"], given, Reading(root, draft), lowered=lowered)
     if set(negated) == {"pattern"} and isinstance(negated["pattern"], str):
         return _not_matching(negated["pattern"])
     if set(negated) in ({"enum"}, {"const"}):

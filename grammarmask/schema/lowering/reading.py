@@ -142,13 +142,33 @@ _LITERAL_PATTERN = re.compile(r"\^([A-Za-z0-9_ -]*)\$")
 """A pattern that names one string (`^success$`)."""
 
 
+_NEIGHBOURS = (
+    frozenset({"if", "then", "else"}),
+    frozenset({"contains", "minContains", "maxContains"}),
+    frozenset({"properties", "patternProperties", "additionalProperties"}),
+    frozenset({"prefixItems", "items", "additionalItems"}),
+)
+"""Keywords that read each other: split between two schema objects they mean something else
+than side by side in one (`then` alone is ignored, `additionalProperties` covers only its
+own object's `properties`)."""
+
+
 def joined(node: dict[str, Any], branch: Any) -> dict[str, Any] | None:
-    """One schema object for `node` and `branch` both, where their keywords do not clash
-    (`required` lists join); None where they do."""
+    """One schema object for `node` and `branch` both (their allOf), where their keywords do
+    not clash (`required` lists join); None where they do, where keywords that read each
+    other are split between them, or where either evaluates its neighbours
+    (`unevaluated...`)."""
     if branch is True:
         return node
     if not isinstance(branch, dict):
         return None
+    for side in (node, branch):
+        if any(key.startswith("unevaluated") for key in side):
+            return None
+    for group in _NEIGHBOURS:
+        mine, theirs = group & set(node), group & set(branch)
+        if mine and theirs and any(node.get(k) != branch.get(k) for k in mine | theirs):
+            return None
     merged = dict(node)
     for key, value in branch.items():
         if key not in merged or merged[key] == value:
