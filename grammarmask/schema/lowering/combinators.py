@@ -235,20 +235,18 @@ def exactly_one(
     return rewritten or None
 
 
-def _settled(negated: Any, given: Any, reading: Reading, *, lowered: bool) -> bool | None:
+def _settled(negated: Any, given: Any, reading: Reading) -> bool | None:
     """`not: negated` on the values `given` accepts, where that needs no reading of
     `negated`: True where they share no value, False where `negated` takes every one of
     them (and where `given` accepts nothing); None otherwise."""
     if given is False or given is True:
         return False if given is False else None
-    if disjoint(given, negated, reading):
+    if disjoint(given, negated, reading, judged=False):  # `given` may be the user's text
         return True
-    return False if included(given, negated, reading, judged=lowered) else None
+    return False if included(given, negated, reading) else None
 
 
-def _outside_items(
-    items: Any, given: Any, reading: Reading, *, lowered: bool
-) -> dict[str, Any] | bool | None:
+def _outside_items(items: Any, given: Any, reading: Reading) -> dict[str, Any] | bool | None:
     """`not: {items: items}` (an array with an item outside `items`) on the arrays `given`
     accepts, where their items settle it: none of them is an `items` value (any item will
     do: a non-empty array) or each is one (no array is outside); None otherwise (it would
@@ -259,9 +257,9 @@ def _outside_items(
     if not isinstance(kept, dict) or "prefixItems" in kept or isinstance(kept.get("items"), list):
         return None
     kept_items = kept.get("items", True)
-    if kept_items is not True and disjoint(kept_items, items, reading):
+    if kept_items is not True and disjoint(kept_items, items, reading, judged=False):
         return {"type": "array", "minItems": 1}
-    return False if included(kept_items, items, reading, judged=lowered) else None
+    return False if included(kept_items, items, reading) else None
 
 
 _CLOSED_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
@@ -336,7 +334,7 @@ def positive_not(
     with `not: negated` on those values: parts of `negated` that `given` settles (a
     property `given` holds to other values, a type `given` has) need no positive form."""
     if given is not None:
-        settled = _settled(negated, given, Reading(root, draft), lowered=lowered)
+        settled = _settled(negated, given, Reading(root, draft))
         if settled is not None:
             return settled
     if root is not None and isinstance(negated, dict) and "$ref" in negated:
@@ -391,7 +389,7 @@ def positive_not(
                 branches.append({"required": [name], "properties": {name: inverse}})
         return {"type": "object", "anyOf": branches} if branches else False
     if set(negated) == {"items"} and isinstance(negated["items"], (dict, bool)):
-        return _outside_items(negated["items"], given, Reading(root, draft), lowered=lowered)
+        return _outside_items(negated["items"], given, Reading(root, draft))
     if set(negated) == {"pattern"} and isinstance(negated["pattern"], str):
         return _not_matching(negated["pattern"])
     if set(negated) in ({"enum"}, {"const"}):

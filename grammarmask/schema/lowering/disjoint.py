@@ -82,21 +82,14 @@ def within(first: Any, second: Any, root: Any, draft: str | None) -> bool:
     return _objects_only(resolve(second, reading)) and "object" not in atoms(first, reading)
 
 
-def included(
-    inner: Any, outer: Any, reading: Reading, *, judged: bool = True, depth: int = 0
-) -> bool:
+def included(inner: Any, outer: Any, reading: Reading, depth: int = 0) -> bool:
     """Every value `inner` accepts, `outer` accepts too: proved where `outer` accepts
-    everything, the two are the same schema, (`judged`: `outer` is a lowered subschema)
-    jsonschema accepts every value `inner` lists against `outer`, or each keyword of
-    `outer` is implied by `inner`'s keywords (`_implied`)."""
+    everything, the two are the same schema, or each keyword of `outer` is implied by
+    `inner`'s keywords (`_implied`). Read on the schemas' text alone: either may be the
+    user's, in its own draft."""
     inner, outer = resolve(inner, reading), resolve(outer, reading)
     if outer is True or outer == {} or _same(inner, outer):
         return True
-    listed = listed_values(inner, reading)
-    if listed is not None and judged and '"$ref"' not in json.dumps(outer):
-        found = verdicts(outer, listed)
-        if found is not None and all(found):
-            return True
     if not (isinstance(inner, dict) and isinstance(outer, dict)) or depth > REF_DEPTH:
         return False
     keywords = {k: v for k, v in outer.items() if k in VOCABULARY}
@@ -122,13 +115,13 @@ def _implied(inner: dict[str, Any], keyword: str, value: Any, reading: Reading, 
         return isinstance(value, list) and set(_required(inner)) >= set(value)
     if keyword == "properties":
         return isinstance(value, dict) and all(
-            included(property_schema(inner, name, reading), schema, reading, depth=depth + 1)
+            included(property_schema(inner, name, reading), schema, reading, depth + 1)
             for name, schema in value.items()
         )
     if keyword == "items":
         if "prefixItems" in inner or isinstance(inner.get("items"), list):
             return False
-        return included(inner.get("items", True), value, reading, depth=depth + 1)
+        return included(inner.get("items", True), value, reading, depth + 1)
     if keyword == "pattern":
         if not (isinstance(value, str) and isinstance(inner.get("pattern"), str)):
             return False
@@ -165,15 +158,23 @@ def _overlapping(
 
 
 def disjoint(
-    first: Any, second: Any, reading: Reading, scope: Scope = _ANYWHERE, depth: int = 0
+    first: Any,
+    second: Any,
+    reading: Reading,
+    scope: Scope = _ANYWHERE,
+    depth: int = 0,
+    *,
+    judged: bool = True,
 ) -> bool:
     """No instance in `scope` validates against both: proved from their kinds of value,
-    their listed values (apart, or each refused by the other branch), one being the other's
-    `not`, their length, count or number bounds, or, for objects, a property both must have
-    whose schemas are disjoint (a required property the other forbids, a discriminator's
-    different values)."""
+    their listed values (apart, or each refused by the other branch: read as 2020-12,
+    where `judged` says both are lowered subschemas, else only where their keywords mean
+    the same in the user's draft), one being the other's `not`, their length, count or
+    number bounds, or, for objects, a property both must have whose schemas are disjoint
+    (a required property the other forbids, a discriminator's different values)."""
     if depth == 0 and (
-        _listed_fail(first, second, reading) or _listed_fail(second, first, reading)
+        _listed_fail(first, second, reading, judged=judged)
+        or _listed_fail(second, first, reading, judged=judged)
     ):
         return True
     first, second = resolve(first, reading), resolve(second, reading)
@@ -253,15 +254,30 @@ def _string_patterns(node: dict[str, Any]) -> list[str]:
     return [*found, superset] if superset else found
 
 
-def _listed_fail(listing: Any, other: Any, reading: Reading) -> bool:
+def _listed_fail(listing: Any, other: Any, reading: Reading, *, judged: bool) -> bool:
     """`listing` lists its values (`enum`, `const`) and jsonschema refuses each of them
-    against `other`, a lowered subschema (2020-12, formats checked) with no `$ref` in it
-    (a `$ref` may lead into the user's own draft, which a 2020-12 validator misreads)."""
+    against `other`, a subschema with no `$ref` in it (a `$ref` may lead into the user's own
+    draft, which a 2020-12 validator misreads) that is lowered (`judged`) or whose keywords
+    mean the same in the user's draft as in 2020-12."""
     listed = listed_values(listing, reading)
-    if listed is None or '"$ref"' in json.dumps(other):
+    text = json.dumps(other)
+    if listed is None or '"$ref"' in text:
+        return False
+    if not judged and any(key in text for key in _DRAFT_SENSITIVE):
         return False
     found = verdicts(other, listed)
     return found is not None and not any(found)
+
+
+_DRAFT_SENSITIVE = (
+    '"const"', '"contains"', '"propertyNames"', '"if"', '"then"', '"else"',
+    '"exclusiveMaximum"', '"exclusiveMinimum"', '"items": [', '"additionalItems"',
+    '"dependencies"', '"format"', '"prefixItems"', '"dependentRequired"',
+    '"dependentSchemas"', '"unevaluatedProperties"', '"unevaluatedItems"', '"minContains"',
+    '"maxContains"',
+)  # fmt: skip
+"""Keys that some draft reads otherwise than 2020-12 does (or does not have, so that a
+2020-12 validator would check what the user's validator ignores)."""
 
 
 _NUMBERS = (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum"))
