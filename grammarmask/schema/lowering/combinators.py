@@ -239,8 +239,10 @@ def _settled(negated: Any, given: Any, reading: Reading) -> bool | None:
     """`not: negated` on the values `given` accepts, where that needs no reading of
     `negated`: True where they share no value, False where `negated` takes every one of
     them (and where `given` accepts nothing); None otherwise."""
-    if given is False or given is True:
-        return False if given is False else None
+    if given is False:
+        return False
+    if given is True:
+        return None
     if disjoint(given, negated, reading, judged=False):  # `given` may be the user's text
         return True
     return False if included(given, negated, reading) else None
@@ -248,18 +250,16 @@ def _settled(negated: Any, given: Any, reading: Reading) -> bool | None:
 
 def _outside_items(items: Any, given: Any, reading: Reading) -> dict[str, Any] | bool | None:
     """`not: {items: items}` (an array with an item outside `items`) on the arrays `given`
-    accepts, where their items settle it: none of them is an `items` value (any item will
-    do: a non-empty array) or each is one (no array is outside); None otherwise (it would
-    need `contains`)."""
-    if given is None or items is True:
-        return False if items is True else None
-    kept = resolve(given, reading)
+    accepts, where their items settle it (`_settled`): none of them is an `items` value (any
+    item will do: a non-empty array) or each is one (no array is outside); None otherwise
+    (it would need `contains`)."""
+    if items is True:
+        return False
+    kept = None if given is None else resolve(given, reading)
     if not isinstance(kept, dict) or "prefixItems" in kept or isinstance(kept.get("items"), list):
         return None
-    kept_items = kept.get("items", True)
-    if kept_items is not True and disjoint(kept_items, items, reading, judged=False):
-        return {"type": "array", "minItems": 1}
-    return False if included(kept_items, items, reading) else None
+    settled = _settled(items, kept.get("items", True), reading)
+    return {"type": "array", "minItems": 1} if settled is True else settled
 
 
 _CLOSED_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
@@ -333,12 +333,13 @@ def positive_not(
     With `given`, a schema every value in question satisfies, the result need only agree
     with `not: negated` on those values: parts of `negated` that `given` settles (a
     property `given` holds to other values, a type `given` has) need no positive form."""
+    reading = Reading(root, draft)
     if given is not None:
-        settled = _settled(negated, given, Reading(root, draft))
+        settled = _settled(negated, given, reading)
         if settled is not None:
             return settled
     if root is not None and isinstance(negated, dict) and "$ref" in negated:
-        target = resolve(negated, Reading(root, draft))
+        target = resolve(negated, reading)
         if target is negated or depth >= REF_DEPTH:
             return None
         negated, lowered, depth = target, False, depth + 1
@@ -381,7 +382,7 @@ def positive_not(
         for name, schema in negated["properties"].items():
             value_given = None
             if given is not None:
-                value_given = property_schema(given, name, Reading(root, draft))
+                value_given = property_schema(given, name, reading)
             inverse = positive_not(schema, root, draft, depth, lowered=lowered, given=value_given)
             if inverse is None:
                 return None
@@ -389,7 +390,7 @@ def positive_not(
                 branches.append({"required": [name], "properties": {name: inverse}})
         return {"type": "object", "anyOf": branches} if branches else False
     if set(negated) == {"items"} and isinstance(negated["items"], (dict, bool)):
-        return _outside_items(negated["items"], given, Reading(root, draft))
+        return _outside_items(negated["items"], given, reading)
     if set(negated) == {"pattern"} and isinstance(negated["pattern"], str):
         return _not_matching(negated["pattern"])
     if set(negated) in ({"enum"}, {"const"}):
@@ -401,7 +402,7 @@ def positive_not(
         if not (isinstance(kinds, list) and all(k in TYPE_ATOMS for k in kinds)):
             return None
         excluded = set().union(*(TYPE_ATOMS[k] for k in kinds)) if kinds else set()
-        possible = ATOMS if given is None else atoms(given, Reading(root, draft))
+        possible = ATOMS if given is None else atoms(given, reading)
         if possible <= excluded:
             return False
         if "integer" in excluded and "fraction" not in excluded and "fraction" in possible:
