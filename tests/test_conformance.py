@@ -49,6 +49,55 @@ def test_serialize_picks_the_one_anyof_branch_that_fits() -> None:
     assert not determined
 
 
+LAYOUTS = {
+    "allOf after properties": (
+        {"type": "object", "properties": {"x": {}}, "required": ["x", "u"],
+         "allOf": [{"properties": {"u": {}}}]},
+        {"u": 1, "x": 2}, '{"x":2,"u":1}',
+    ),
+    "allOf before properties": (
+        {"allOf": [{"properties": {"u": {"type": "integer"}}}],
+         "properties": {"x": {}, "y": {}}, "type": "object"},
+        {"y": 3, "x": 2, "u": 1}, '{"u":1,"x":2,"y":3}',
+    ),
+    "additionalProperties before the anyOf": (
+        {"additionalProperties": False, "anyOf": [{"properties": {"y": {"type": "integer"}}}],
+         "properties": {"x": {}, "y": {}, "u": {}}, "type": "object"},
+        {"u": 1, "y": 3, "x": 2}, '{"x":2,"y":3,"u":1}',
+    ),
+    "a shared $ref of the branch that fits": (
+        {"$defs": {"common": {"type": "object", "properties": {"id": {}, "v": {"const": "2"}},
+                              "required": ["id", "v"]}},
+         "oneOf": [{"allOf": [{"$ref": "#/$defs/common"}, {"required": ["result"]}]},
+                   {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["error"]},
+                              {"properties": {"error": {"type": "string"}}}]}]},
+        {"v": "2", "error": "e", "id": 1}, '{"id":1,"v":"2","error":"e"}',
+    ),
+    "a patternProperties value": (
+        {"type": "object", "patternProperties": {"^s": {
+            "anyOf": [{"properties": {"b": {}}}], "properties": {"a": {}, "b": {}}}}},
+        {"s1": {"a": 1, "b": 2}}, '{"s1":{"b":2,"a":1}}',
+    ),
+}  # fmt: skip
+"""Schemas whose merged keywords lay keys out in an order that llguidance's merge decides:
+keywords in their written order, each property where it first appears."""
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_serialize_lays_keys_out_as_llguidance_merges_keywords(
+    name: str, deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler
+) -> None:
+    schema, instance, expected = LAYOUTS[name]
+    text, determined = cf.serialize(schema, instance)
+    assert (text, determined) == (expected, True)
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), "llguidance")
+    table = cf.byte_token_ids(deepseek)
+    matcher = compiled.matcher()
+    assert cf.feed(matcher, [table[b] for b in text.encode()])[0], text
+    reordered = json.dumps(instance, separators=(",", ":"))
+    assert not cf.feed(matcher, [table[b] for b in reordered.encode()])[0], reordered
+
+
 def test_invalid_acceptances_are_explained_only_by_declared_keywords() -> None:
     schema = {
         "type": "object",

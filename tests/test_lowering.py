@@ -353,10 +353,52 @@ CASES: dict[str, Any] = {
         "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
     },
     "a plain list is left": {"type": "string", "enum": ["a", "b"]},
-    "a list beside a $ref is kept": {
+    "a list beside a $ref at the root": {
         "$defs": {"n": {"minimum": 2}},
         "enum": [1, 2],
         "allOf": [{"$ref": "#/$defs/n"}],
+    },
+    "a list beside a $ref into a not not at the root": {
+        "allOf": [
+            {"enum": [{"a": False}, {"a": {}}, {"b": 1}, {"c": 1}]},
+            {
+                "not": {
+                    "not": {
+                        "additionalProperties": False,
+                        "properties": {
+                            "a": {"$ref": "#/allOf/1/not/not/properties/b"},
+                            "b": {"type": "object"},
+                        },
+                    }
+                }
+            },
+        ]
+    },
+    "oneOf whose branches require keys a shared not forbids together": {
+        "$defs": {
+            "common": {
+                "type": "object",
+                "required": ["id"],
+                "not": {"required": ["result", "error"]},
+            }
+        },
+        "oneOf": [
+            {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["result"]}]},
+            {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["error"]}]},
+        ],
+    },
+    "oneOf whose branches require keys a not forbids only one of": {
+        "$defs": {"common": {"type": "object", "not": {"required": ["result", "error", "x"]}}},
+        "oneOf": [
+            {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["result"]}]},
+            {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["error"]}]},
+        ],
+    },
+    "listed integral decimals": {"enum": [2.0, "x", 1, {"a": [0.0, True]}, -3.0]},
+    "a const integral decimal in an object": {"const": {"a": 1.0, "b": [2]}},
+    "a list beside a $ref below the root is kept": {
+        "$defs": {"n": {"minimum": 2}},
+        "properties": {"p": {"enum": [1, 2], "allOf": [{"$ref": "#/$defs/n"}]}},
     },
     "oneOf of closed objects sharing the empty object": {
         "type": "object",
@@ -623,6 +665,7 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of null and a $ref beside an annotation",
         "oneOf of closed objects, the keys one requires in its own oneOf",
         "a dependency on a discriminator its oneOf reads",
+        "oneOf whose branches require keys a shared not forbids together",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")
@@ -656,8 +699,19 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     assert listed["a list beside a pattern"] == {"title": "t", "enum": ["ab", 3]}
     assert listed["a list that nothing passes"] is False
     assert listed["a list of objects beside a oneOf"] == {"enum": [{"a": 1}, {"b": "x"}]}
-    for kept in ("a plain list is left", "a list beside a $ref is kept"):
+    assert (
+        "oneOf"
+        in lower_schema(CASES["oneOf whose branches require keys a not forbids only one of"]).schema
+    )
+    for name in ("listed integral decimals", "a const integral decimal in an object"):
+        text = json.dumps(lower_schema(CASES[name]).schema)
+        assert rules[name] == {"enum"} and ".0," not in text and '"multipleOf": 0.5' in text
+    for kept in ("a plain list is left", "a list beside a $ref below the root is kept"):
         assert "enum" not in rules[kept], kept
+    assert lower_schema(CASES["a list beside a $ref at the root"]).schema == {"enum": [2]}
+    assert lower_schema(CASES["a list beside a $ref into a not not at the root"]).schema == {
+        "enum": [{"a": {}}]
+    }
     assert lower_schema(CASES["a draft-4 list beside integer"]).schema["enum"] == [2]
     unique = lower_schema(CASES["uniqueItems of listed items"]).schema["enum"]
     assert len(unique) == 3 + 6 + 6 and [2, "a", 1] in unique and [] not in unique
@@ -1037,6 +1091,36 @@ def test_backends_write_integers_without_a_fraction(
         accepted = feed(matcher, [table[b] for b in text.encode()])[0]
         # a declared looseness may accept an invalid text, never refuse a valid one
         assert accepted == valid or (compiled.unenforced and accepted), (backend, text)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_backends_take_both_spellings_of_a_listed_integral_decimal(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler, backend: str
+) -> None:
+    """A listed 2.0 is written by the backends one way (2), yet 2.0 is the same value: the
+    lowered list takes `2` and `2.0`, and no other number (outlines' numbers take no
+    `2.0` at all)."""
+    table = byte_token_ids(deepseek)
+    cases = {
+        json.dumps({"enum": [2.0, "x"]}): [
+            ("2", True), ("2.0", True), ("-2", False), ("2.5", False), ("3", False),
+            ("1.75", False), ('"x"', True), ('"2"', False),
+        ],
+        json.dumps({"const": {"a": 0.0}}): [
+            ('{"a":0}', True), ('{"a":0.0}', True), ('{"a":0.5}', False),
+            ('{"a":1}', False), ('{"a":0,"b":0}', False), ("{}", False),
+        ],
+    }  # fmt: skip
+    for source, texts in cases.items():
+        schema = json.loads(source)
+        compiled = deepseek_compiler.compile(
+            gm.Grammar.json_schema(schema), backend, allow_unenforced=True
+        )
+        matcher = compiled.matcher()
+        for text, valid in texts:
+            assert validates(schema, json.loads(text)) == valid, text
+            accepted = feed(matcher, [table[b] for b in text.encode()])[0]
+            assert accepted == valid or (compiled.unenforced and accepted), (backend, text)
 
 
 INCLUDED = {

@@ -25,3 +25,18 @@ def verdicts(
         return [validator.is_valid(instance) for instance in instances]
     except Exception:  # jsonschema raises several unrelated types here
         return None
+
+
+def document_verdicts(document: Any, instances: Sequence[Any]) -> list[bool] | None:
+    """Whether each instance validates against the whole `document`, read in the draft its
+    `$schema` names (2020-12 when none; formats checked), its references resolved within
+    it; None where jsonschema cannot judge it."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import validator_for
+
+    try:
+        cls: Any = validator_for(document, default=Draft202012Validator)
+        validator = cls(document, format_checker=cls.FORMAT_CHECKER)
+        return [validator.is_valid(instance) for instance in instances]
+    except Exception:  # jsonschema raises several unrelated types here
+        return None

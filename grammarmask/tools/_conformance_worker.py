@@ -119,7 +119,9 @@ class Checker:
         counts: Counter[str] = Counter()
         findings: list[dict[str, Any]] = []
         for index, test in enumerate(tests):
-            text, determined = serialize(schema, test["data"], request["whitespace"])
+            text, determined = serialize(
+                schema, test["data"], request["whitespace"], lowered=lowering.schema
+            )
             encoded = text.encode("utf-8")
             if all(b in self.byte_ids for b in encoded):
                 as_bytes = feed(matcher, [self.byte_ids[b] for b in encoded])
@@ -158,7 +160,9 @@ class Checker:
         mutate = int(request.get("mutate", 0))
         if mutate:
             instances = [t["data"] for t in tests if t["valid"]][:_MUTATED_INSTANCES]
-            self._mutants(schema, compiled, instances, request, counts, findings, mutate)
+            self._mutants(
+                schema, lowering.schema, compiled, instances, request, counts, findings, mutate
+            )
         for finding in findings:
             finding["text"] = finding["text"][:300]
         return {
@@ -175,6 +179,7 @@ class Checker:
     def _mutants(
         self,
         schema: Any,
+        lowered: Any,
         compiled: CompiledGrammar,
         instances: list[Any],
         request: dict[str, Any],
@@ -190,7 +195,9 @@ class Checker:
             for instance in instances:
                 for mutant in mutants(schema, instance, share):
                     counts["mutants"] += 1
-                    text, _ = serialize(schema, mutant.instance, request["whitespace"])
+                    text, _ = serialize(
+                        schema, mutant.instance, request["whitespace"], lowered=lowered
+                    )
                     if not feed(matcher, self.encode(text))[0]:
                         counts["mutants_rejected"] += 1
                         continue

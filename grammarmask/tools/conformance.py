@@ -70,14 +70,20 @@ def select_files(
 
 
 # ---------------------------------------------------------------------------- serialization
-def serialize(schema: Any, instance: Any, whitespace: str = "compact") -> tuple[str, bool]:
-    """JSON text of `instance` as the grammar writes it: object keys in the schema's
-    `properties` order, compact (`,` `:`) or flexible (`, ` `: `) separators.
+def serialize(
+    schema: Any, instance: Any, whitespace: str = "compact", *, lowered: Any = None
+) -> tuple[str, bool]:
+    """JSON text of `instance` as the grammar writes it: object keys in the order the
+    backends lay them out (the `properties` of `schema`'s lowered form, `lowered` where
+    the caller has it, merged as `_SchemaContext.layout` reads them), compact (`,` `:`)
+    or flexible (`, ` `: `) separators.
 
     The flag says whether every object's key order could be read off the schema (False
-    where several anyOf/oneOf branches fit, behind an allOf or a remote $ref).
+    where several anyOf/oneOf branches fit and lay keys out differently, or a remote $ref).
     """
-    ordered, determined = _order(instance, schema, _SchemaContext(schema))
+    if lowered is None:
+        lowered = lower_schema(schema).schema
+    ordered, determined = _order(instance, lowered, _SchemaContext(lowered))
     separators = (",", ":") if whitespace == "compact" else (", ", ": ")
     return json.dumps(ordered, separators=separators, ensure_ascii=False), determined
 
@@ -91,6 +97,7 @@ class _SchemaContext:
             self.validator: Any = validator_for(root, default=jsonschema.Draft202012Validator)(root)
         except (TypeError, jsonschema.exceptions.SchemaError):
             self.validator = None
+        self.refs_alone = dialects.draft_of(root) in dialects.OLD_DRAFTS
 
     def fits(self, branch: Any, instance: Any) -> bool:
         if self.validator is None:
@@ -100,61 +107,135 @@ class _SchemaContext:
         except Exception:  # a remote $ref or a malformed branch: treat as not fitting
             return False
 
-    def resolve(self, node: Any, instance: Any) -> tuple[Any, bool]:
-        """Follow $ref and single fitting anyOf/oneOf branches to the schema that lays out
-        `instance`; the flag is False where that is ambiguous."""
-        for _ in range(64):
-            if not isinstance(node, dict) or "properties" in node:
-                return node, True
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                target = resolve_pointer(self.root, ref[1:]) if ref.startswith("#") else None
-                if target is None:
-                    return node, False
-                node = target
+    def layout(self, node: Any, instance: Any, depth: int = 0) -> tuple[_Layout, bool]:
+        """The schema objects that lay out `instance` under `node`, in the order the
+        grammar merges them, as llguidance does: its keywords in the order they are
+        written, its own properties where `properties` (or `additionalProperties`, which
+        reads them) comes, a `$ref`, `allOf` and the `anyOf`/`oneOf` branch that fits
+        where they come, each property name where it first appears; the flag is False
+        where that is ambiguous (fitting branches that lay keys out differently, a
+        remote `$ref`, no fitting branch)."""
+        layout = _Layout()
+        if not isinstance(node, dict) or depth > _LAYOUT_DEPTH:
+            return layout, depth <= _LAYOUT_DEPTH
+        if self.refs_alone and "$ref" in node:  # up to draft 7 its neighbours are ignored
+            node = {"$ref": node["$ref"]}
+        determined = True
+        own_added = False
+        for keyword, value in node.items():
+            if keyword in ("properties", "additionalProperties"):
+                if not own_added and (keyword == "properties" or "properties" in node):
+                    layout.add(node)
+                    own_added = True
                 continue
-            for key in ("anyOf", "oneOf"):
-                branches = node.get(key)
-                if isinstance(branches, list):
-                    fitting = [b for b in branches if self.fits(b, instance)]
-                    if not fitting:
-                        return node, False
-                    node = fitting[0]
-                    if len(fitting) > 1 and _layout(fitting) is None:
-                        return node, False
-                    break
-            else:
-                return node, "allOf" not in node
-        return node, False
+            parts = self._parts(keyword, value, instance)
+            if parts is None:
+                determined = False
+                continue
+            laid = [self.layout(part, instance, depth + 1) for part in parts]
+            if keyword in ("anyOf", "oneOf"):
+                if len({tuple(branch.properties) for branch, _ in laid}) > 1:
+                    determined = False
+                laid = laid[:1]
+            for branch, ok in laid:
+                layout.merge(branch)
+                determined = determined and ok
+        if not own_added:
+            layout.add(node)
+        return layout, determined
+
+    def _parts(self, keyword: str, value: Any, instance: Any) -> list[Any] | None:
+        """The subschemas that `keyword` merges into the layout (for `anyOf`/`oneOf` the
+        ones `instance` fits); None where they cannot be known."""
+        if keyword == "$ref":
+            if not (isinstance(value, str) and value.startswith("#")):
+                return None
+            target = resolve_pointer(self.root, value[1:])
+            return None if target is None else [target]
+        if keyword == "allOf" and isinstance(value, list):
+            return value
+        if keyword in ("anyOf", "oneOf") and isinstance(value, list):
+            fitting = [branch for branch in value if self.fits(branch, instance)]
+            return fitting or None
+        return []
 
 
-def _layout(branches: list[Any]) -> tuple[str, ...] | None:
-    """The property order shared by all `branches`, or None if they differ."""
-    orders = {tuple(b.get("properties", {})) if isinstance(b, dict) else () for b in branches}
-    return next(iter(orders)) if len(orders) == 1 else None
+_LAYOUT_DEPTH = 64
+"""How many `$ref`s and branches deep a layout is read (a schema may refer to itself)."""
+
+
+class _Layout:
+    """The schema objects that apply to one value, in the order a grammar merges them: its
+    property names in the order they are written, and the schemas of each part."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Mapping[str, Any]] = []
+        self.properties: dict[str, list[Any]] = {}
+
+    def add(self, node: Mapping[str, Any]) -> None:
+        self.nodes.append(node)
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            for name, schema in properties.items():
+                self.properties.setdefault(name, []).append(schema)
+
+    def merge(self, other: _Layout) -> None:
+        for node in other.nodes:
+            self.add(node)
+
+    def child(self, name: str) -> Any:
+        """The schema that property `name`'s value is laid out by."""
+        schemas = self.properties.get(name)
+        if not schemas:
+            schemas = [schema for node in self.nodes for schema in _by_pattern(node, name)]
+        if not schemas:
+            schemas = [n["additionalProperties"] for n in self.nodes if "additionalProperties" in n]
+        return _all_of(schemas)
+
+    def item(self, index: int) -> Any:
+        """The schema that the item at `index` is laid out by."""
+        return _all_of([_item_schema(node, index) for node in self.nodes])
+
+
+def _by_pattern(node: Mapping[str, Any], name: str) -> list[Any]:
+    """The `patternProperties` schemas of `node` whose pattern `name` matches (by Python's
+    `re`: close enough to lay keys out)."""
+    patterns = node.get("patternProperties")
+    if not isinstance(patterns, dict):
+        return []
+    found = []
+    for pattern, schema in patterns.items():
+        try:
+            if re.search(pattern, name):
+                found.append(schema)
+        except (re.error, TypeError):
+            continue
+    return found
+
+
+def _all_of(schemas: list[Any]) -> Any:
+    schemas = [s for s in schemas if s not in ({}, True)]
+    return {"allOf": schemas} if len(schemas) > 1 else (schemas[0] if schemas else {})
 
 
 def _order(instance: Any, schema: Any, context: _SchemaContext) -> tuple[Any, bool]:
     if not isinstance(instance, (dict, list)):
         return instance, True
-    node, determined = context.resolve(schema, instance)
-    node = node if isinstance(node, dict) else {}
+    layout, determined = context.layout(schema, instance)
     if isinstance(instance, list):
         items: list[Any] = []
         for index, item in enumerate(instance):
-            value, ok = _order(item, _item_schema(node, index), context)
+            value, ok = _order(item, layout.item(index), context)
             items.append(value)
             determined = determined and ok
         return items, determined
-    properties = node.get("properties")
-    properties = properties if isinstance(properties, dict) else {}
-    keys = [k for k in properties if k in instance] + [k for k in instance if k not in properties]
+    keys = [k for k in layout.properties if k in instance]
+    keys += [k for k in instance if k not in layout.properties]
     if not determined and len(instance) < 2:
         determined = True
     result: dict[str, Any] = {}
     for key in keys:
-        child = properties.get(key, node.get("additionalProperties", {}))
-        result[key], ok = _order(instance[key], child, context)
+        result[key], ok = _order(instance[key], layout.child(key), context)
         determined = determined and ok
     return result, determined
 

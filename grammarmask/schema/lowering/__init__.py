@@ -92,6 +92,8 @@ def lower_schema(schema: Any) -> LoweredSchema:
         context = in_place
         lowered = _lower(schema, "", context, root=True)
     lowered = _anchor_references(lowered, context)
+    if not context.in_place and not context.unevaluated:
+        lowered = _number_spellings(lowered, "", context)
     strict = dialects.strict_integers(draft)
     if strict and not context.in_place and '"integer"' in json.dumps(schema):
         context.note("", "draft", '"integer" keeps its draft-4 meaning (1.0 is none)')
@@ -146,11 +148,28 @@ def _listed(node: Any, pointer: str, context: _Context) -> Any:
     properties and items a neighbour evaluates)."""
     if not isinstance(node, dict) or (pointer and context.unevaluated):
         return node
-    only_listed = listed.as_listed_values(node, context.draft)
+    document = None if pointer else context.root
+    only_listed = listed.as_listed_values(node, context.draft, document)
     if only_listed is None:
         return node
     context.note(pointer, "enum", "a schema that lists its values -> the ones it accepts")
     return only_listed
+
+
+def _number_spellings(node: Any, pointer: str, context: _Context) -> Any:
+    """Last, so that the proofs above read the values as listed: every listed integral
+    number written as a decimal as a schema that takes its spellings."""
+    if not isinstance(node, dict):
+        return node
+    node = map_subschemas(
+        dict(node),
+        lambda child, step: _number_spellings(child, pointer + json_pointer(step), context),
+    )
+    spelled = listed.with_number_spellings(node, Reading(context.root, context.draft).const)
+    if spelled is None:
+        return node
+    context.note(pointer, "enum", "a listed integral decimal (2.0) -> its spellings (2, 2.0)")
+    return spelled
 
 
 def _anchor_references(lowered: Any, context: _Context) -> Any:

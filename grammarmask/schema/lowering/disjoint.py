@@ -193,7 +193,10 @@ def disjoint(
         return True
     if common == {"string"} and _strings_apart(first, second):
         return True
-    if common == {"object"} and _objects_disjoint(first, second, reading, scope, depth):
+    if common == {"object"} and (
+        _objects_disjoint(first, second, reading, scope, depth)
+        or _keys_clash(first, second, reading, scope)
+    ):
         return True
     if common == {"array"} and _arrays_disjoint(first, second, reading, depth):
         return True
@@ -369,6 +372,66 @@ def _objects_disjoint(
         ):
             return True
     return False
+
+
+def _keys_clash(
+    first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope
+) -> bool:
+    """Objects: the keys one of them (or the scope) requires include a set of keys that one
+    of them forbids together (the JSON-RPC shape: `result` required here, `error` there,
+    both under a shared `not: {required: [result, error]}`)."""
+    present_first, forbidden_first = _key_facts(first, reading)
+    present_second, forbidden_second = _key_facts(second, reading)
+    present = present_first | present_second | scope.required
+    return any(keys <= present for keys in (*forbidden_first, *forbidden_second))
+
+
+def _key_facts(
+    node: Any, reading: Reading, depth: int = 0
+) -> tuple[frozenset[str], list[frozenset[str]]]:
+    """The keys every object `node` accepts has (its `required`, through `allOf` and
+    `$ref`s), and the sets of keys no object it accepts has all of (a `not` of `required`,
+    its positive form: an `anyOf` whose branches each forbid one key, a property that is
+    `false`)."""
+    node = resolve(node, reading)
+    if not isinstance(node, dict) or depth > REF_DEPTH:
+        return frozenset(), []
+    present = set(_required(node))
+    forbidden: list[frozenset[str]] = []
+    negated = node.get("not")
+    if isinstance(negated, dict) and set(negated) & VOCABULARY == {"required"}:
+        forbidden.append(frozenset(_required(negated)))
+    properties = node.get("properties")
+    if isinstance(properties, dict):
+        forbidden.extend(frozenset({name}) for name, value in properties.items() if value is False)
+    alternatives = node.get("anyOf")
+    if isinstance(alternatives, list) and alternatives:
+        keys = [_forbidden_key(resolve(branch, reading)) for branch in alternatives]
+        if all(key is not None for key in keys):
+            forbidden.append(frozenset(key for key in keys if key is not None))
+    parts = node.get("allOf")
+    parts = list(parts) if isinstance(parts, list) else []
+    if "$ref" in node:  # kept beside other keywords: its target applies as well
+        parts.append({"$ref": node["$ref"]})
+    for part in parts:
+        more_present, more_forbidden = _key_facts(part, reading, depth + 1)
+        present |= more_present
+        forbidden.extend(more_forbidden)
+    return frozenset(present), forbidden
+
+
+def _forbidden_key(node: Any) -> str | None:
+    """The one key that `node` (`{"properties": {key: false}}`, perhaps typed "object")
+    forbids, where that is all it says."""
+    if not isinstance(node, dict) or set(node) & VOCABULARY - {"type"} != {"properties"}:
+        return None
+    if node.get("type", "object") != "object":
+        return None
+    properties = node["properties"]
+    if not (isinstance(properties, dict) and len(properties) == 1):
+        return None
+    name, value = next(iter(properties.items()))
+    return name if value is False else None
 
 
 def _arrays_disjoint(
