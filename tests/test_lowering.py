@@ -394,6 +394,21 @@ CASES: dict[str, Any] = {
             {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["error"]}]},
         ],
     },
+    "minProperties 1 beside optional properties": {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {}},
+        "minProperties": 1,
+    },
+    "minProperties that the required properties meet": {
+        "properties": {"a": {}, "b": {}, "c": {}},
+        "required": ["a", "b"],
+        "minProperties": 2,
+    },
+    "minProperties the required properties do not meet is kept": {
+        "properties": {"a": {}, "b": {}},
+        "required": ["a"],
+        "minProperties": 2,
+    },
     "listed integral decimals": {"enum": [2.0, "x", 1, {"a": [0.0, True]}, -3.0]},
     "a const integral decimal in an object": {"const": {"a": 1.0, "b": [2]}},
     "a list beside a $ref below the root is kept": {
@@ -703,6 +718,10 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf"
         in lower_schema(CASES["oneOf whose branches require keys a not forbids only one of"]).schema
     )
+    for name in ("minProperties 1 beside optional properties",
+                 "minProperties that the required properties meet"):  # fmt: skip
+        assert "minProperties" not in lower_schema(CASES[name]).schema, name
+    assert rules["minProperties the required properties do not meet is kept"] == set()
     for name in ("listed integral decimals", "a const integral decimal in an object"):
         text = json.dumps(lower_schema(CASES[name]).schema)
         assert rules[name] == {"enum"} and ".0," not in text and '"multipleOf": 0.5' in text
@@ -1048,6 +1067,17 @@ def test_backends_enforce_lowered_combinators(
             {"type": "array", "items": {"type": "integer"}, "maxItems": 2.0},
             [("[1,2]", True), ("[1,2,3]", False)],
         ),
+        "minProperties 1 beside optional properties": (
+            CASES["minProperties 1 beside optional properties"],
+            [
+                ("{}", False),
+                ('{"a":"x"}', True),
+                ('{"b":2}', True),
+                ('{"c":true}', True),
+                ('{"a":1}', False),
+                ('{"a":"x","b":2}', True),
+            ],
+        ),
     }
     for name, (schema, probes) in schemas.items():
         if "patternProperties" in json.dumps(schema) and backend == "xgrammar":
@@ -1055,7 +1085,8 @@ def test_backends_enforce_lowered_combinators(
         try:
             compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), backend)
         except gm.UnsupportedGrammarError:
-            assert backend == "xgrammar" and name.startswith("not")  # no anyOf of types there
+            # no anyOf of types there, nor a `false` property
+            assert backend == "xgrammar" and name.startswith(("not", "minProperties"))
             continue
         matcher = compiled.matcher()
         for text, valid in probes:

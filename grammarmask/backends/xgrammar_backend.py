@@ -161,6 +161,10 @@ propertyNames only in some shapes, so never trusted. Beside `$ref` or a combinat
 other keywords go unchecked, and so do keywords beside `enum`/`const` and the keywords of one
 type where no type is named."""
 
+_REFUSALS = ("nsupported", "cannot accept any value")
+"""Compile errors that are xgrammar refusing a shape (a `false` subschema among them), not
+a fault: the grammar is unsupported there, and another backend may take it."""
+
 _CONTROL_BYTES = bytes(range(0x20))
 _JSON_WHITESPACE_CONTROLS = b"\t\n\r"
 _SURROGATE_LEAD = 0xED
@@ -472,7 +476,8 @@ class XGrammarBackend(Backend):
             compiled = self._compile_raw(grammar, lowered, dialect.compiler)
         except (RuntimeError, ValueError, TypeError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            error = UnsupportedGrammarError if "nsupported" in message else CompileError
+            refused = any(marker in message for marker in _REFUSALS)
+            error = UnsupportedGrammarError if refused else CompileError
             raise error(f"xgrammar cannot compile {grammar.describe()}: {message}") from None
         elapsed = time.perf_counter() - started
         stops = self.vocab.stop_token_ids

@@ -131,6 +131,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         _not(out, pointer, context)
         _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
+        _min_properties(out, pointer, context)
         one_pattern = strings.as_one_pattern(out, Reading(context.root, draft))
         if one_pattern is not None:
             written, for_backend = one_pattern
@@ -409,6 +410,27 @@ def _if_then_else(node: dict[str, Any], pointer: str, context: _Context) -> None
     del node["if"]
     _add_all_of(node, {"anyOf": [{"allOf": [condition, then]}, {"allOf": [inverse, otherwise]}]})
     context.note(pointer, "if", "if/then/else -> anyOf of both cases")
+
+
+def _min_properties(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """`minProperties` beside listed properties not all required (which llguidance refuses):
+    dropped where the required ones are enough, and a `minProperties` of 1 with none
+    required as an `anyOf`: one listed property present, or none of them and some other."""
+    least, properties = node.get("minProperties"), node.get("properties")
+    if not (isinstance(least, int) and isinstance(properties, dict) and properties):
+        return
+    if "maxProperties" in node or context.unevaluated:
+        return
+    required = {n for n in node.get("required", []) if isinstance(n, str)}
+    if len(required) >= least:
+        del node["minProperties"]
+        context.note(pointer, "minProperties", f"{least} is met by the required properties")
+    elif least == 1 and not required:
+        del node["minProperties"]
+        branches: list[Any] = [{"required": [name]} for name in properties]
+        branches.append({"properties": dict.fromkeys(properties, False), "minProperties": 1})
+        _add_all_of(node, {"anyOf": branches})
+        context.note(pointer, "minProperties", "1 -> anyOf: a listed property, or another")
 
 
 def _one_of(node: dict[str, Any], pointer: str, context: _Context) -> None:

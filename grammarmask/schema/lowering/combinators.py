@@ -224,15 +224,27 @@ def exactly_one(
             negation = negations[other_index]
             if negation is None:
                 negation = positive_not(other, root, draft, given=branch)
+            if negation is None and _everything(positive_not(branch, root, draft, given=other)):
+                negation = True  # no value of `other` is one of `branch`: the two are apart
             if negation is None:
                 negation = _outside_closed_object(branch, other, root, draft)
             if negation is None:
                 return None
-            excluded.append(negation)
+            if negation is not True:
+                excluded.append(negation)
         if any(negation is False for negation in excluded):
             continue  # another branch accepts everything: this one is never the only one
         rewritten.append({"allOf": [branch, *excluded]} if excluded else branch)
     return rewritten or None
+
+
+def _everything(schema: Any) -> bool:
+    """Whether `schema` plainly accepts every value (True, `{}`, an `allOf` of such)."""
+    if schema is True or schema == {}:
+        return True
+    if isinstance(schema, dict) and set(schema) == {"allOf"} and isinstance(schema["allOf"], list):
+        return all(map(_everything, schema["allOf"]))
+    return False
 
 
 def _settled(negated: Any, given: Any, reading: Reading) -> bool | None:

@@ -200,25 +200,30 @@ def disjoint(
         return True
     if common == {"array"} and _arrays_disjoint(first, second, reading, depth):
         return True
-    return depth == 0 and (
-        _branches_disjoint(first, second, reading, scope)
-        or _branches_disjoint(second, first, reading, scope)
+    return depth < _SPLIT_DEPTH and (
+        _branches_disjoint(first, second, reading, scope, depth)
+        or _branches_disjoint(second, first, reading, scope, depth)
     )
 
 
+_SPLIT_DEPTH = 2
+"""How many levels of `anyOf`/`oneOf` the proofs split into branch pairs (a oneOf of two
+schemas that are each a oneOf takes two): the pairs multiply."""
+
+
 def _branches_disjoint(
-    first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope
+    first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope, depth: int
 ) -> bool:
     """`first` holds an `anyOf` or `oneOf` each of whose branches, together with `first`'s
     other keywords, shares no instance with `second` (an instance of `first` is in one of
-    them). Only at the top: the pairs multiply."""
+    them)."""
     for keyword in ("anyOf", "oneOf"):
         branches = first.get(keyword)
         if not (isinstance(branches, list) and branches):
             continue
         rest = {k: v for k, v in first.items() if k != keyword}
         merged = [joined(rest, resolve(branch, reading)) for branch in branches]
-        if all(m is not None and disjoint(m, second, reading, scope, 1) for m in merged):
+        if all(m is not None and disjoint(m, second, reading, scope, depth + 1) for m in merged):
             return True
     return False
 
