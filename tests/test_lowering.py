@@ -394,6 +394,7 @@ CASES: dict[str, Any] = {
             {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["error"]}]},
         ],
     },
+    "date-time beside a pattern": {"type": "string", "format": "date-time", "pattern": "Z$"},
     "minProperties 1 beside optional properties": {
         "type": "object",
         "properties": {"a": {"type": "string"}, "b": {}},
@@ -722,6 +723,8 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
                  "minProperties that the required properties meet"):  # fmt: skip
         assert "minProperties" not in lower_schema(CASES[name]).schema, name
     assert rules["minProperties the required properties do not meet is kept"] == set()
+    beside = lower_schema(CASES["date-time beside a pattern"]).schema
+    assert "format" not in beside and beside["pattern"] != "Z$"  # both, as one pattern
     for name in ("listed integral decimals", "a const integral decimal in an object"):
         text = json.dumps(lower_schema(CASES[name]).schema)
         assert rules[name] == {"enum"} and ".0," not in text and '"multipleOf": 0.5' in text

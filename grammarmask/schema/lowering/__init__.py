@@ -220,10 +220,13 @@ def _formats(node: dict[str, Any], pointer: str, context: _Context, draft: str |
         context.note(pointer, "format", f"dropped format {name!r}: the draft does not define it")
         return
     pattern = formats.PATTERNS.get(name)
-    if pattern is None or "pattern" in node:
+    if pattern is None:
         return
     del node["format"]
-    node["pattern"] = pattern
+    if "pattern" in node:  # both hold: the user's pattern beside the format's
+        _add_all_of(node, {"pattern": pattern})
+    else:
+        node["pattern"] = pattern
     length = formats.EXACT_LENGTH.get(name)
     if length is not None:
         node["maxLength"] = min(length, node.get("maxLength", length))
