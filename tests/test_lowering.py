@@ -394,6 +394,12 @@ CASES: dict[str, Any] = {
             {"allOf": [{"$ref": "#/$defs/common"}, {"required": ["error"]}]},
         ],
     },
+    "oneOf of arrays whose branches carry an id annotation": {
+        "oneOf": [
+            {"id": "first", "type": "array", "items": {"enum": ["x"]}, "maxItems": 2},
+            {"id": "second", "type": "array", "items": {"enum": ["y"]}, "maxItems": 2},
+        ]
+    },
     "date-time beside a pattern": {"type": "string", "format": "date-time", "pattern": "Z$"},
     "minProperties 1 beside optional properties": {
         "type": "object",
@@ -682,6 +688,7 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         "oneOf of closed objects, the keys one requires in its own oneOf",
         "a dependency on a discriminator its oneOf reads",
         "oneOf whose branches require keys a shared not forbids together",
+        "oneOf of arrays whose branches carry an id annotation",
     ):
         assert "oneOf" not in json.dumps(lower_schema(CASES[converted]).schema), converted
     assert lower_schema(CASES["draft-7 tuple"]).schema["$schema"].endswith("2020-12/schema")

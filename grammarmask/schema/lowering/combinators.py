@@ -43,7 +43,8 @@ beside no `prefixItems` or `additionalItems`, which are not in the set)."""
 _BLOCKING = frozenset({"$id", "id", "$anchor", "$dynamicAnchor", "$defs", "definitions"})
 """Keys that constrain nothing themselves but that references may lean on: they are kept
 where other non-vocabulary keys (annotations, `x-...`) are dropped, so that a schema
-holding one has no positive `not`."""
+holding one has no positive `not` (`id` only in draft 4: later drafts spell it `$id`,
+and read `id` as an annotation)."""
 
 
 def _outside_bound(keyword: str, bound: Any) -> dict[str, Any] | bool | None:
@@ -361,7 +362,8 @@ def positive_not(
         return True
     if not isinstance(negated, dict):
         return None
-    negated = {k: v for k, v in negated.items() if k in VOCABULARY or k in _BLOCKING}
+    blocking = _BLOCKING if draft in (None, "draft4") else _BLOCKING - {"id"}
+    negated = {k: v for k, v in negated.items() if k in VOCABULARY or k in blocking}
     if not negated:
         return False
     if set(negated) == {"not"}:
