@@ -400,6 +400,12 @@ CASES: dict[str, Any] = {
             {"id": "second", "type": "array", "items": {"enum": ["y"]}, "maxItems": 2},
         ]
     },
+    "not of propertyNames false": {"not": {"propertyNames": False}},
+    "not of propertyNames that refuse a name": {"not": {"propertyNames": {"not": {"const": "a"}}}},
+    "not of propertyNames that refuse names": {
+        "type": "object",
+        "not": {"propertyNames": {"not": {"enum": ["a", "c"]}}},
+    },
     "date-time beside a pattern": {"type": "string", "format": "date-time", "pattern": "Z$"},
     "minProperties 1 beside optional properties": {
         "type": "object",
@@ -730,6 +736,9 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
                  "minProperties that the required properties meet"):  # fmt: skip
         assert "minProperties" not in lower_schema(CASES[name]).schema, name
     assert rules["minProperties the required properties do not meet is kept"] == set()
+    for name in ("not of propertyNames false", "not of propertyNames that refuse a name",
+                 "not of propertyNames that refuse names"):  # fmt: skip
+        assert '"not"' not in json.dumps(lower_schema(CASES[name]).schema), name
     beside = lower_schema(CASES["date-time beside a pattern"]).schema
     assert "format" not in beside and beside["pattern"] != "Z$"  # both, as one pattern
     for name in ("listed integral decimals", "a const integral decimal in an object"):

@@ -25,7 +25,7 @@ from ...errors import UnreadablePatternError
 from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
-from ..walk import map_subschemas
+from ..walk import iter_subschemas, map_subschemas
 from . import anchors, combinators, dialects, disjoint, listed, regular, strings
 from .reading import Reading
 
@@ -128,7 +128,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
             node, out, pointer, context
         ):
             _pattern_properties(out, pointer, context)
-        _not(out, pointer, context)
+        _not(out, pointer, context, node)
         _if_then_else(out, pointer, context)
         _one_of(out, pointer, context)
         _min_properties(out, pointer, context)
@@ -389,15 +389,29 @@ def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -
     context.note(pointer, "patternProperties", detail)
 
 
-def _not(node: dict[str, Any], pointer: str, context: _Context) -> None:
+def _not(node: dict[str, Any], pointer: str, context: _Context, user: dict[str, Any]) -> None:
+    """`not` as its positive form, read on the lowered `not`, else on the user's (`user`
+    is the schema object as written: lowering rewrites some shapes, `propertyNames` among
+    them, into ones whose `not` is harder to read)."""
     if "not" not in node:
         return
     positive = combinators.positive_not(node["not"], context.root, context.draft)
+    if positive is None and _in_own_draft(user.get("not"), context.draft):
+        positive = combinators.positive_not(user["not"], context.root, context.draft, lowered=False)
     if positive is None:
         return
     del node["not"]
     _add_all_of(node, positive)
     context.note(pointer, "not", "not -> its positive form")
+
+
+def _in_own_draft(schema: Any, draft: str | None) -> bool:
+    """Whether `schema` (the user's) is a 2019-09-or-later schema object every keyword of
+    which its draft knows: a proof may read it as written."""
+    if not isinstance(schema, dict) or draft is None or draft in dialects.OLD_DRAFTS:
+        return False
+    known = dialects.known_keywords(draft)
+    return all(set(node) & VOCABULARY <= known for node, _ in iter_subschemas(schema))
 
 
 def _if_then_else(node: dict[str, Any], pointer: str, context: _Context) -> None:

@@ -15,7 +15,17 @@ from typing import Any
 from ...errors import UnreadablePatternError
 from ..keywords import VOCABULARY
 from .disjoint import disjoint, included, property_schema, within
-from .reading import ATOMS, REF_DEPTH, TYPE_ATOMS, Reading, atom, atoms, joined, resolve
+from .reading import (
+    ATOMS,
+    REF_DEPTH,
+    TYPE_ATOMS,
+    Reading,
+    atom,
+    atoms,
+    joined,
+    listed_values,
+    resolve,
+)
 from .regular import combined_pattern
 
 _BOUND_INVERSES = {
@@ -239,6 +249,27 @@ def exactly_one(
     return rewritten or None
 
 
+def _some_name_outside(names: Any, reading: Reading) -> dict[str, Any] | bool | None:
+    """`not: {propertyNames: names}`, an object with a key that `names` refuses, where that
+    has a positive form: any key at all (`names` is false), or one of the listed keys that
+    `names` is the `not` of (present: required)."""
+    if names is True or names == {}:
+        return False
+    if names is False:
+        return {"type": "object", "minProperties": 1}
+    if not (isinstance(names, dict) and set(names) & VOCABULARY == {"not"}):
+        return None
+    refused = names["not"]
+    if not (isinstance(refused, dict) and set(refused) & VOCABULARY in ({"const"}, {"enum"})):
+        return None
+    listed = listed_values(refused, reading)
+    if not listed or not all(isinstance(name, str) for name in listed):
+        return None
+    if len(listed) == 1:
+        return {"type": "object", "required": listed}
+    return {"type": "object", "anyOf": [{"required": [name]} for name in listed]}
+
+
 def _everything(schema: Any) -> bool:
     """Whether `schema` plainly accepts every value (True, `{}`, an `allOf` of such)."""
     if schema is True or schema == {}:
@@ -405,6 +436,10 @@ def positive_not(
         return {"type": "object", "anyOf": branches} if branches else False
     if set(negated) == {"items"} and isinstance(negated["items"], (dict, bool)):
         return _outside_items(negated["items"], given, reading)
+    if negated == {"additionalProperties": False}:  # propertyNames false, lowered
+        return {"type": "object", "minProperties": 1}
+    if set(negated) == {"propertyNames"}:
+        return _some_name_outside(negated["propertyNames"], reading)
     if set(negated) == {"pattern"} and isinstance(negated["pattern"], str):
         return _not_matching(negated["pattern"])
     if set(negated) in ({"enum"}, {"const"}):
