@@ -21,8 +21,8 @@ PLAIN = {
 UNIQUE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True}
 MIN_PROPERTIES = {
     "type": "object",
-    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-    "minProperties": 1,
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+    "minProperties": 2,
 }
 OVERLAPPING_ONE_OF = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
 
@@ -49,15 +49,15 @@ def test_auto_moves_on_when_a_backend_refuses_at_compile_time(
     compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
 ) -> None:
     """llguidance compiles minProperties on an open object only when every listed property
-    is required; xgrammar enforces it."""
+    is required (lowering rewrites only a minProperties of 1); xgrammar enforces it."""
     grammar = gm.Grammar.json_schema(MIN_PROPERTIES)
     assert compiler.backend("llguidance").unenforced(grammar, grammar.lower()) == ()
     with pytest.raises(gm.UnsupportedGrammarError, match="min/maxProperties only supported"):
         compiler.compile(grammar, "llguidance")
     chosen = compiler.compile(grammar, "auto")
     assert chosen.backend == "xgrammar" and chosen.fully_enforced
-    assert accepts_all(chosen.matcher(), deepseek_encode('{"b":2}'))
-    assert not accepts_all(chosen.matcher(), deepseek_encode("{}"))
+    assert accepts_all(chosen.matcher(), deepseek_encode('{"b":2,"c":3}'))
+    assert not accepts_all(chosen.matcher(), deepseek_encode('{"b":2}'))
 
 
 def test_ebnf_goes_to_xgrammar_first(compiler: gm.GrammarCompiler) -> None:

@@ -148,14 +148,15 @@ def test_cli_runs_the_bundled_sample_and_resumes(
     assert sorted(r["schema"] for r in records) == sorted(p.name for p in SAMPLE.glob("*.json"))
     assert all(r["status"] == "compiled" and r["backend"] == "xgrammar" for r in records)
     totals = conformance_report.summarize(records)["xgrammar"]
-    # xgrammar 0.2.8 (vLLM's pin) keeps the schema's key order beside allOf/not, which
-    # 0.2.9 does not: a completeness gap the runner names, never a silent one
-    explained = totals["valid_rejected_key_order"] if XGRAMMAR_028 else 0
-    assert totals["valid_accepted"] + explained == totals["valid"] > 0
-    key_order = [r for r in records if r["counts"].get("valid_rejected_key_order")]
-    assert all(
-        any(d.startswith(("allOf at", "not at")) for d in r["unenforced"]) for r in key_order
-    ), "a key-order refusal on a schema that declares neither allOf nor not"
+    # xgrammar 0.2.8 (vLLM's pin) serves an allOf of several branches only in part ("allOf
+    # with multiple options is still ongoing"), which 0.2.9 does not: it refuses valid
+    # objects there, a completeness gap within what it declares (allOf), never a silent one
+    refused = [r for r in records if r["counts"].get("valid_rejected")]
+    assert not refused or XGRAMMAR_028
+    assert all(any(d.startswith("allOf at") for d in r["unenforced"]) for r in refused), (
+        "a valid instance refused on a schema that declares no allOf"
+    )
+    assert totals["valid_accepted"] + totals.get("valid_rejected", 0) == totals["valid"] > 0
     assert totals["invalid_rejected"] + totals["invalid_accepted_explained"] == totals["invalid"]
     lines = capsys.readouterr().out.splitlines()
     header, _, row, lowering = lines[-4:]

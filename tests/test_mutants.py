@@ -88,8 +88,9 @@ from grammarmask.tools import _conformance_worker as worker
 
 feed_mutants = worker.Checker._mutants
 
-def silenced(self, schema, compiled, *args):
-    return feed_mutants(self, schema, dataclasses.replace(compiled, unenforced=()), *args)
+def silenced(self, schema, lowered, compiled, *args):
+    quiet = dataclasses.replace(compiled, unenforced=())
+    return feed_mutants(self, schema, lowered, quiet, *args)
 
 worker.Checker._mutants = silenced
 worker.main(sys.argv[1:])

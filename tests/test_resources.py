@@ -53,7 +53,7 @@ def test_an_entry_larger_than_the_cache_is_served_but_not_kept(deepseek: gm.Voca
 def test_failed_compilations_hold_no_bytes(deepseek: gm.Vocabulary) -> None:
     compiler = gm.GrammarCompiler(deepseek)
     bad = gm.Grammar.json_schema({"properties": {"a": False}, "required": ["a"]})
-    with pytest.raises(gm.CompileError):
+    with pytest.raises(gm.GrammarError):
         compiler.compile(bad)
     assert compiler.cached() == 1 and compiler.cached_bytes() == 0
     compiler.close()
@@ -159,7 +159,7 @@ def test_a_cached_compile_failure_does_not_grow_with_each_request(
     compiler = gm.GrammarCompiler(deepseek)
     depths = []
     for _ in range(3):
-        with pytest.raises(gm.CompileError) as caught:
+        with pytest.raises(gm.GrammarError) as caught:
             compiler.compile(bad)
         depths.append(len(traceback.extract_tb(caught.value.__traceback__)))
     assert depths[0] == depths[1] == depths[2]

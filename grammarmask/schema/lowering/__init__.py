@@ -434,7 +434,10 @@ def _min_properties(node: dict[str, Any], pointer: str, context: _Context) -> No
     dropped where the required ones are enough, and a `minProperties` of 1 with none
     required as an `anyOf`: one listed property present, or none of them and some other."""
     least, properties = node.get("minProperties"), node.get("properties")
-    if not (isinstance(least, int) and isinstance(properties, dict) and properties):
+    if not (isinstance(least, int) and isinstance(properties, dict)):
+        return
+    listed = [name for name, subschema in properties.items() if subschema is not False]
+    if not listed:  # none can be present: the other keys count, as llguidance compiles
         return
     if "maxProperties" in node or context.unevaluated:
         return
@@ -444,7 +447,7 @@ def _min_properties(node: dict[str, Any], pointer: str, context: _Context) -> No
         context.note(pointer, "minProperties", f"{least} is met by the required properties")
     elif least == 1 and not required:
         del node["minProperties"]
-        branches: list[Any] = [{"required": [name]} for name in properties]
+        branches: list[Any] = [{"required": [name]} for name in listed]
         branches.append({"properties": dict.fromkeys(properties, False), "minProperties": 1})
         _add_all_of(node, {"anyOf": branches})
         context.note(pointer, "minProperties", "1 -> anyOf: a listed property, or another")
