@@ -213,6 +213,20 @@ CASES: list[tuple[str, dict[str, Any], Any, Any, set[str]]] = [
         {"k": "b"},
         {LL},
     ),
+    (  # a reference's target is judged where no keyword names the key above it
+        "type-beside-anyOf-behind-a-ref-to-an-unnamed-key",
+        S(
+            **{"$ref": "#/$defs/group/full"},
+            **{
+                "$defs": {
+                    "group": {"full": S(type="string", anyOf=[S(maxLength=1), S(minLength=3)])}
+                }
+            },
+        ),
+        "a",
+        5,
+        {LL},
+    ),
     (  # ... at the root lowering keeps the values the user's document accepts
         "pattern-beside-enum-and-ref-at-the-root",
         S(

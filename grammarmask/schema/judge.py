@@ -17,7 +17,7 @@ from typing import Any
 from .formats import FORMATS
 from .keywords import VOCABULARY
 from .verdicts import verdicts
-from .walk import iter_subschemas
+from .walk import iter_reachable_subschemas
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class KeywordSupport:
 def find_unenforced(schema: Any, support: KeywordSupport) -> tuple[Unenforced, ...]:
     """Constraints of `schema` that a backend with `support` would not enforce."""
     found: list[Unenforced] = []
-    for node, pointer in iter_subschemas(schema):
+    for node, pointer in iter_reachable_subschemas(schema):
         for keyword, value in node.items():
             if keyword not in VOCABULARY:
                 continue

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .keywords import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_SINGLE
-from .pointers import json_pointer
+from .pointers import json_pointer, resolve_pointer
 
 Step = tuple[str] | tuple[str, str | int]
 """Where a subschema sits below its parent: (keyword,) or (keyword, name or index)."""
@@ -38,6 +38,25 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, 
     yield schema, pointer
     for step, child in child_schemas(schema):
         yield from iter_subschemas(child, pointer + json_pointer(step))
+
+
+def iter_reachable_subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every schema object of `iter_subschemas`, then every one a local `$ref` ("#/...")
+    leads to that the walk does not reach (a target under a key no keyword names, as in
+    `#/definitions/group/full`), each once: what a grammar serves is all of these."""
+    seen: set[str] = set()
+    pending = [""]
+    while pending:
+        start = pending.pop()
+        root = resolve_pointer(schema, start)
+        for node, pointer in iter_subschemas(root, start):
+            if pointer in seen:
+                continue
+            seen.add(pointer)
+            yield node, pointer
+            target = node.get("$ref")
+            if isinstance(target, str) and target.startswith("#/"):
+                pending.append(target[1:])
 
 
 def map_subschemas(node: dict[str, Any], transform: Callable[[Any, Step], Any]) -> dict[str, Any]:
