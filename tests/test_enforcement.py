@@ -485,6 +485,10 @@ def test_flexible_whitespace_declares_the_tab_hole(deepseek: gm.Vocabulary) -> N
     flexible = backend.unenforced(grammar, grammar.lower())
     assert [(u.pointer, u.keyword) for u in flexible] == [("/properties/s", "maxLength")]
     assert "TAB" in flexible[0].reason
+    behind = {"$ref": "#/$defs/group/s", "$defs": {"group": {"s": schema["properties"]["s"]}}}
+    grammar = gm.Grammar.json_schema(behind, whitespace="flexible")
+    found = backend.unenforced(grammar, grammar.lower())
+    assert [(u.pointer, u.keyword) for u in found] == [("/$defs/group/s", "maxLength")]
 
 
 @pytest.mark.parametrize("backend", [X, OL, LL])

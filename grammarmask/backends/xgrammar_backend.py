@@ -15,7 +15,13 @@ import xgrammar
 
 from ..errors import CompileError, UnsupportedGrammarError
 from ..grammars import Grammar
-from ..schema import KeywordSupport, LoweredSchema, Unenforced, find_unenforced, iter_subschemas
+from ..schema import (
+    KeywordSupport,
+    LoweredSchema,
+    Unenforced,
+    find_unenforced,
+    iter_reachable_subschemas,
+)
 from ..schema.formats import FIXED_LENGTH_PATTERNS
 from ..schema.judge import (
     COMMON_FORMATS,
@@ -445,7 +451,7 @@ class XGrammarBackend(Backend):
                     "maxLength" if "maxLength" in node else "minLength",
                     "a raw TAB can enter this string under flexible whitespace",
                 )
-                for node, pointer in iter_subschemas(schema)
+                for node, pointer in iter_reachable_subschemas(schema)
                 if ("minLength" in node or "maxLength" in node)
                 and "pattern" not in node
                 and "format" not in node

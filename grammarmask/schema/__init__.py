@@ -8,7 +8,7 @@ from __future__ import annotations
 from .judge import KeywordSupport, Unenforced, find_unenforced
 from .lowering import LoweredSchema, Rewrite, lower_schema
 from .pointers import json_pointer, resolve_pointer
-from .walk import iter_subschemas
+from .walk import iter_reachable_subschemas, iter_subschemas
 
 __all__ = [
     "KeywordSupport",
@@ -16,6 +16,7 @@ __all__ = [
     "Rewrite",
     "Unenforced",
     "find_unenforced",
+    "iter_reachable_subschemas",
     "iter_subschemas",
     "json_pointer",
     "lower_schema",

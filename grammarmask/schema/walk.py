@@ -48,8 +48,9 @@ def iter_reachable_subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str
     pending = [""]
     while pending:
         start = pending.pop()
-        root = resolve_pointer(schema, start)
-        for node, pointer in iter_subschemas(root, start):
+        if start in seen:  # the common case: a target the walk has been through
+            continue
+        for node, pointer in iter_subschemas(resolve_pointer(schema, start), start):
             if pointer in seen:
                 continue
             seen.add(pointer)

@@ -36,7 +36,13 @@ from referencing.exceptions import Unresolvable
 from ..backends import Matcher
 from ..errors import SchemaJudgeError
 from ..resources import bundled_sample_dir, corpus_dir
-from ..schema import LoweredSchema, Unenforced, iter_subschemas, lower_schema, resolve_pointer
+from ..schema import (
+    LoweredSchema,
+    Unenforced,
+    iter_reachable_subschemas,
+    lower_schema,
+    resolve_pointer,
+)
 from ..schema.lowering import dialects
 from ..vocabulary import Vocabulary
 
@@ -321,7 +327,7 @@ def unchecked_formats(schema: Any) -> set[str]:
     known = cls.FORMAT_CHECKER.checkers
     return {
         node["format"]
-        for node, _ in iter_subschemas(schema)
+        for node, _ in iter_reachable_subschemas(schema)
         if isinstance(node.get("format"), str) and node["format"] not in known
     }
 
