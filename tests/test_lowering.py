@@ -301,7 +301,7 @@ CASES: dict[str, Any] = {
     "not of a zero count": {"not": {"minLength": 0}},
     "oneOf of overlapping ranges": {"type": "number", "oneOf": [{"maximum": 2}, {"maximum": 3}]},
     "oneOf whose not has no positive form is kept": {
-        "oneOf": [{"pattern": "^(?=a)"}, {"type": "string"}],
+        "oneOf": [{"pattern": "a(?=b)"}, {"type": "string"}],
     },
     "oneOf of a pattern and every string": {"oneOf": [{"pattern": "^a"}, {"type": "string"}]},
     "oneOf of object-only branches sharing an object": {
@@ -461,7 +461,31 @@ CASES: dict[str, Any] = {
     "uniqueItems of open items is kept": {"type": "array", "uniqueItems": True},
     "not of a pattern": {"type": "string", "not": {"pattern": "^a"}},
     "not of an unanchored pattern, any type": {"not": {"pattern": "b$"}},
-    "not of a lookahead is kept": {"type": "string", "not": {"pattern": "^(?=a)"}},
+    "not of a lookahead is kept": {"type": "string", "not": {"pattern": "a(?=b)"}},
+    "not of a leading lookahead": {"type": "string", "not": {"pattern": "^(?=a)"}},
+    "a leading negative lookahead": {"type": "string", "pattern": "^(?!ab|b$).+$"},
+    "leading lookaheads on any type": {"pattern": "^(?=a)(?!abc)"},
+    "a draft-7 tuple behind a $ref to a key no keyword names": {
+        "$schema": DRAFT7,
+        "$ref": "#/definitions/g/full",
+        "definitions": {
+            "g": {
+                "full": {"type": "array", "items": [{"type": "integer"}], "additionalItems": False}
+            }
+        },
+    },
+    "oneOf of allOf branches on a discriminator": {
+        "type": "object",
+        "required": ["kind"],
+        "oneOf": [
+            {"allOf": [{"properties": {"kind": {"const": "cat"}}}, {"$ref": "#/$defs/cat"}]},
+            {"allOf": [{"properties": {"kind": {"const": "dog"}}}, {"$ref": "#/$defs/dog"}]},
+        ],
+        "$defs": {
+            "cat": {"properties": {"lives": {"type": "integer"}}},
+            "dog": {"properties": {"lives": {"maximum": 1}}},
+        },
+    },
     "oneOf of overlapping patterns": {
         "type": "string",
         "oneOf": [{"pattern": "^a"}, {"pattern": "b$"}],
@@ -622,7 +646,8 @@ PROBES: list[Any] = [
     {"status": "ok"}, {"status": "ok\n"}, {"status": "fail"}, {"status": "no"}, {"op": "or"},
     {"op": "or", "v": 1}, {"op": "eq"}, {"op": "eq", "v": 1}, {"v": 1}, {"a": "x", "b": 1},
     {"a": "x"}, {"a": "x", "b": "y"}, {"b": "y"}, {"a": 1, "b": "y"}, "abcd", 0.5, 2.0000001,
-    -3, {"a": 1, "c": 2},
+    -3, {"a": 1, "c": 2}, [1, 2], [1], ["a"], "abc\n", "b\n", "ab\n", {"kind": "dog", "lives": 1},
+    {"kind": "dog", "lives": 2}, {"kind": "cat", "lives": 1.5}, {"kind": "fox"}, {"lives": 1},
 ]  # fmt: skip
 """Values at the cases' edges (bounds, equal numbers, listed strings, present properties)."""
 
@@ -759,6 +784,15 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     for name in ("not of a pattern", "not of an unanchored pattern, any type"):
         assert "not" not in json.dumps(lower_schema(CASES[name]).schema), name
     assert "not" in lower_schema(CASES["not of a lookahead is kept"]).schema
+    for name in ("not of a leading lookahead", "a leading negative lookahead",
+                 "leading lookaheads on any type"):  # fmt: skip
+        text = json.dumps(lower_schema(CASES[name]).schema)
+        assert "(?" not in text and '"not"' not in text and "pattern" in rules[name], name
+    behind = lower_schema(CASES["a draft-7 tuple behind a $ref to a key no keyword names"]).schema
+    assert behind["definitions"]["g"]["full"] == {
+        "type": "array", "prefixItems": [{"type": "integer"}], "items": False
+    }  # fmt: skip
+    assert "oneOf" not in lower_schema(CASES["oneOf of allOf branches on a discriminator"]).schema
     assert rules["patternProperties that overlap"] == {"patternProperties"}
     assert (
         len(lower_schema(CASES["patternProperties that overlap"]).schema["patternProperties"]) == 3
@@ -935,6 +969,44 @@ def test_backends_enforce_the_date_pattern_fully(
         ('"0000-01-01"', False),
     ]:
         assert feed(matcher, [table[b] for b in text.encode()])[0] == valid, text
+
+
+_URI_PIECES = (
+    "http", "a", "1a", "A+b", "v1", ":", "//", "/", "?", "#", "@", ".", "-", "~", "'", "%2F",
+    "%z", "[", "]", "::", "::1", "1", "ffff", "1:2", "1.2.3.4", "256", ":8080", " ", "é", "\n",
+    "::ffff:1.2.3.4", "1:2:3:4:5:6:7", "1:2:3:4:5:6:7:8",
+)  # fmt: skip
+"""Pieces of URIs and of near misses: schemes, authorities, IPv6 and IPv4 groups, percent
+escapes good and bad, characters a URI never holds, a final newline."""
+
+
+@settings(max_examples=400)
+@given(
+    pieces=st.lists(st.sampled_from(_URI_PIECES), max_size=9),
+    in_brackets=st.booleans(),
+)
+def test_the_uri_reference_pattern_is_the_format_checker(
+    pieces: list[str], in_brackets: bool
+) -> None:
+    """RFC 3986 as `rfc3986_validator` (jsonschema's checker) reads it: relative references
+    with no colon in their first segment, IP literals, escapes, a final newline."""
+    text = "".join(pieces)
+    _agree({"type": "string", "format": "uri-reference"}, f"//[{text}]" if in_brackets else text)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar", "outlines"])
+def test_backends_enforce_the_uri_reference_pattern_fully(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler, backend: str
+) -> None:
+    """Every backend serves `uri-reference` fully with its pattern (none checks the format
+    itself), and the mask refuses a colon in a relative reference's first segment."""
+    schema = {"type": "string", "format": "uri-reference"}
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), backend)
+    assert compiled.unenforced == ()
+    table = byte_token_ids(deepseek)
+    for text in ('"http://u@h:8/p?q#f"', '"../a/b"', '"//[::1]/"', '":a"', '"1a:b"', '"a b"'):
+        accepted = feed(compiled.matcher(), [table[b] for b in text.encode()])[0]
+        assert accepted == validates(schema, json.loads(text)), text
 
 
 def _sample_files() -> list[Any]:

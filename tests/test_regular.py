@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammarmask.errors import UnreadablePatternError
-from grammarmask.schema.lowering.regular import combined_pattern
+from grammarmask.schema.lowering.regular import combined_pattern, without_lookaheads
 
 PATTERNS = (
     "^a", "b$", "abc", "^a+$", "^[a-c]{2,3}$", "x|^y", r"^\d+$", r"\s", "^.{1,3}$", "[^a-z]",
@@ -92,3 +92,30 @@ def test_the_limits_refuse_what_would_be_too_long() -> None:
         combined_pattern(["^[a-z0-9]{1,255}$"], [])
     with pytest.raises(UnreadablePatternError, match="size limit"):
         combined_pattern([], [r"^\w+$"])
+
+
+LOOKAHEADS = (
+    "^(?!ab)", "^(?!a|b$).*$", "^(?=.{1,3}$)[a-c]+$", "^(?!^x|y)[a-z]*", "^(?!.*\\.\\.).+$",
+    "^(?=a)(?!ab)", "^(?![]a])x", "^(?!a)(b|c)$",
+)  # fmt: skip
+"""Negative and positive lookaheads at the start: alternation and anchors inside them, a
+class whose first member is `]`, two in a row, a group after them."""
+
+
+@settings(max_examples=200)
+@given(pattern=st.sampled_from(LOOKAHEADS), texts=st.lists(TEXT, min_size=1, max_size=20))
+def test_leading_lookaheads_are_written_without_them(pattern: str, texts: list[str]) -> None:
+    written = without_lookaheads(pattern)
+    assert written is not None, pattern
+    for text in texts:
+        wanted = re.search(pattern, text) is not None
+        if isinstance(written, bool):
+            assert written == wanted, (pattern, text)
+            continue
+        assert bool(re.search(written, text)) == wanted, (pattern, written, text)
+
+
+@pytest.mark.parametrize("pattern", ["^(?!a)b|c", "(?!a)b", "^a(?!b)", "^(?<!a)b"])
+def test_lookaheads_elsewhere_are_left(pattern: str) -> None:
+    """Only a lookahead at the start of the one option is read (`^(?!a)b|c` guards `b`)."""
+    assert without_lookaheads(pattern) is None

@@ -14,6 +14,13 @@ def json_pointer(path: Iterable[Any]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
+def normal_pointer(pointer: str) -> str:
+    """`pointer` as `json_pointer` spells it (percent-encoding decoded, as in a `$ref`)."""
+    return json_pointer(
+        unquote(raw).replace("~1", "/").replace("~0", "~") for raw in pointer.split("/")[1:]
+    )
+
+
 def resolve_pointer(document: Any, pointer: str) -> Any:
     """The node at an RFC 6901 `pointer` ("" is the root), or None if there is none."""
     node = document

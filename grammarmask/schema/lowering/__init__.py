@@ -5,12 +5,14 @@ Every rewrite is exact or it is not applied; what stays approximate is left to t
 backends' support tables, which declare it. `Grammar` keeps the user's schema;
 `Grammar.lower()` is what the compiler hands the backends and `grammarmask check` shows.
 Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in count
-keywords as integers, formats the schema's draft does not define dropped, `date`, `time`
-and `date-time` as exact patterns, dependencies and `dependentRequired` /
+keywords as integers, formats the schema's draft does not define dropped, `date`, `time`,
+`date-time` and `uri-reference` as exact patterns, patterns that start with lookaheads
+without them, dependencies and `dependentRequired` /
 `dependentSchemas` as `anyOf`, a `oneOf` as `anyOf` (of its branches where no two overlap,
 else of each branch without the others), the `not`s that have a positive form, a schema
 that lists its values (`enum`, `const`, also in an `allOf` branch) as the listed values it
-accepts, and references to plain-name anchors as JSON pointers. A
+accepts, and references to plain-name anchors as JSON pointers. `$ref` targets under keys
+no keyword names (`#/definitions/group/full`) are lowered where they sit. A
 draft-4 schema's lowered form reads "integer" as draft 4 does (`strict_integers`).
 """
 
@@ -25,7 +27,7 @@ from ...errors import UnreadablePatternError
 from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
-from ..walk import iter_subschemas, map_subschemas
+from ..walk import iter_subschemas, map_subschemas, unreached_targets
 from . import anchors, combinators, dialects, disjoint, listed, regular, strings
 from .reading import Reading
 
@@ -70,6 +72,11 @@ class _Context:
     rewrites: list[Rewrite] = field(default_factory=list)
 
     @functools.cached_property
+    def unreached(self) -> frozenset[str]:
+        """The `$ref` targets under keys no keyword names: lowered as the walk reaches them."""
+        return unreached_targets(self.root)
+
+    @functools.cached_property
     def unevaluated(self) -> bool:
         """Whether the schema uses `unevaluated...`, which reads what its neighbours evaluate."""
         return '"unevaluated' in json.dumps(self.root)
@@ -108,6 +115,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         out = _children(dict(node), pointer, context)
         _integer_counts(out, pointer, context)
         _formats(out, pointer, context, context.format_draft)
+        _lookaheads(out, pointer, context)
         return out
     out = dict(node)
     if draft is not None:
@@ -119,6 +127,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
     out = _children(out, pointer, context)  # first: the rules below read lowered children
     _integer_counts(out, pointer, context)
     _formats(out, pointer, context, draft)
+    _lookaheads(out, pointer, context)
     if draft is not None:  # known semantics: the combinators can be read
         only_listed = _listed(out, pointer, context)
         if only_listed is not out:
@@ -165,6 +174,8 @@ def _number_spellings(node: Any, pointer: str, context: _Context) -> Any:
     node = map_subschemas(
         dict(node),
         lambda child, step: _number_spellings(child, pointer + json_pointer(step), context),
+        at=pointer,
+        targets=context.unreached,
     )
     spelled = listed.with_number_spellings(node, Reading(context.root, context.draft).const)
     if spelled is None:
@@ -186,7 +197,10 @@ def _anchor_references(lowered: Any, context: _Context) -> Any:
 
 def _children(node: dict[str, Any], pointer: str, context: _Context) -> dict[str, Any]:
     return map_subschemas(
-        node, lambda child, step: _lower(child, pointer + json_pointer(step), context)
+        node,
+        lambda child, step: _lower(child, pointer + json_pointer(step), context),
+        at=pointer,
+        targets=context.unreached,
     )
 
 
@@ -231,6 +245,22 @@ def _formats(node: dict[str, Any], pointer: str, context: _Context, draft: str |
     if length is not None:
         node["maxLength"] = min(length, node.get("maxLength", length))
     context.note(pointer, "format", f"format {name!r} -> its exact pattern")
+
+
+def _lookaheads(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """A `pattern` that starts with lookaheads (which no backend reads) as the pattern of the
+    same strings without them."""
+    pattern = node.get("pattern")
+    if not isinstance(pattern, str):
+        return
+    written = regular.without_lookaheads(pattern)
+    if written is None:
+        return
+    if written is True:
+        del node["pattern"]
+    else:
+        node["pattern"] = regular.NO_STRING if written is False else written
+    context.note(pointer, "pattern", "leading lookaheads -> a pattern of the same strings")
 
 
 def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None:

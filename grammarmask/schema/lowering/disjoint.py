@@ -203,6 +203,8 @@ def disjoint(
     return depth < _SPLIT_DEPTH and (
         _branches_disjoint(first, second, reading, scope, depth)
         or _branches_disjoint(second, first, reading, scope, depth)
+        or _part_disjoint(first, second, reading, scope, depth)
+        or _part_disjoint(second, first, reading, scope, depth)
     )
 
 
@@ -224,6 +226,25 @@ def _branches_disjoint(
         rest = {k: v for k, v in first.items() if k != keyword}
         merged = [joined(rest, resolve(branch, reading)) for branch in branches]
         if all(m is not None and disjoint(m, second, reading, scope, depth + 1) for m in merged):
+            return True
+    return False
+
+
+def _part_disjoint(
+    first: dict[str, Any], second: dict[str, Any], reading: Reading, scope: Scope, depth: int
+) -> bool:
+    """`first` holds an `allOf` (or a `$ref` beside other keywords) one of whose parts,
+    together with `first`'s other keywords where they join, shares no instance with
+    `second` (an instance of `first` is one of each part's)."""
+    parts = first.get("allOf")
+    parts = list(parts) if isinstance(parts, list) else []
+    if "$ref" in first:  # kept beside other keywords (`resolve` followed a lone one)
+        parts.append({"$ref": first["$ref"]})
+    rest = {k: v for k, v in first.items() if k not in ("allOf", "$ref")}
+    for part in parts:
+        part = resolve(part, reading)
+        merged = joined(rest, part)
+        if disjoint(part if merged is None else merged, second, reading, scope, depth + 1):
             return True
     return False
 

@@ -25,6 +25,8 @@ MAX_STATES = 2000
 """Automata larger than this are not built: the pattern keeps its keyword."""
 MAX_PATTERN_LENGTH = 6000
 """A written pattern longer than this is given up: backends compile long ones slowly."""
+NO_STRING = "[^\\s\\S]"
+"""A pattern no string matches."""
 MAX_DEPTH = 150
 """Nesting of groups past this is given up (a long counted repetition written out)."""
 
@@ -684,7 +686,7 @@ def _write(part: _Written, alphabet: Alphabet, *, in_sequence: bool = False) -> 
     if isinstance(part, _Alt):
         options = [o for o in part.options if o != _EMPTY]
         if not options:
-            return "" if part.options else "[^\\s\\S]"
+            return "" if part.options else NO_STRING
         text = "|".join(_write(o, alphabet) for o in options)
         if len(options) < len(part.options):
             return _quantified(options, text, "?")
@@ -715,7 +717,7 @@ def _write_chars(intervals: Intervals) -> str:
     if holds_surrogates and len(excluded) < len(listed):
         return "[^" + "".join(_range(r) for r in excluded) + "]"
     if not listed:
-        return "[^\\s\\S]"
+        return NO_STRING
     return "[" + "".join(_range(r) for r in listed) + "]"
 
 
@@ -1030,5 +1032,96 @@ def name_pattern(pattern: str) -> str | None:
         return pattern[:-1] + "\\n?$"
     written = combined_pattern([pattern], [], whole=True)
     if isinstance(written, bool):
-        return "" if written else "[^\\s\\S]"
+        return "" if written else NO_STRING
     return written
+
+
+# -- leading lookaheads -----------------------------------------------------------------
+
+
+def _closing_paren(pattern: str, start: int) -> int:
+    """The index of the `)` that closes the group opening at `pattern[start]`, skipping
+    escapes and character classes; -1 where it is not closed."""
+    depth, at = 0, start
+    while at < len(pattern):
+        char = pattern[at]
+        if char == "\\":
+            at += 2
+            continue
+        if char == "[":
+            at = _class_end(pattern, at)
+            if at < 0:
+                return -1
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return at
+        at += 1
+    return -1
+
+
+def _top_level_options(pattern: str) -> list[str]:
+    """`pattern` split at each `|` outside every group and class (one option: itself)."""
+    options, start, at = [], 0, 0
+    while at < len(pattern):
+        char = pattern[at]
+        if char == "\\":
+            at += 2
+            continue
+        if char in "([":
+            end = _closing_paren(pattern, at) if char == "(" else _class_end(pattern, at)
+            if end < 0:
+                return [pattern]  # unbalanced: the parser says so
+            at = end + 1
+            continue
+        if char == "|":
+            options.append(pattern[start:at])
+            start = at + 1
+        at += 1
+    return [*options, pattern[start:]]
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index of the `]` that closes the class opening at `pattern[start]`; -1 if none."""
+    at = start + 1
+    if pattern[at : at + 1] == "^":
+        at += 1
+    if pattern[at : at + 1] == "]":
+        at += 1
+    while at < len(pattern):
+        if pattern[at] == "\\":
+            at += 2
+            continue
+        if pattern[at] == "]":
+            return at
+        at += 1
+    return -1
+
+
+def without_lookaheads(pattern: str) -> str | bool | None:
+    """`pattern` written without the lookaheads it starts with (`^(?!X)Y`: the strings that
+    `^Y` finds a match in and `^X` does not; `^(?=X)Y`: that both do), as `combined_pattern`
+    writes it (True: every string matches, False: none); None where it does not start so
+    (after `^`) or another part is outside the constructs read here."""
+    if not (pattern.startswith("^(?=") or pattern.startswith("^(?!")):
+        return None
+    matching: list[str] = []
+    failing: list[str] = []
+    at = 1
+    while pattern.startswith(("(?=", "(?!"), at):
+        end = _closing_paren(pattern, at)
+        if end < 0:
+            return None
+        options = _top_level_options(pattern[at + 3 : end])
+        anchored = "|".join("^" + option.lstrip("^") for option in options)
+        (matching if pattern[at + 2] == "=" else failing).append(anchored)
+        at = end + 1
+    rest = pattern[at:]
+    if len(_top_level_options(rest)) > 1:
+        return None  # `^(?!X)a|b`: the lookahead belongs to the first option only
+    try:
+        return combined_pattern(["^" + rest, *matching], failing)
+    except UnreadablePatternError:
+        return None
