@@ -1105,7 +1105,7 @@ def without_lookaheads(pattern: str) -> str | bool | None:
     `^Y` finds a match in and `^X` does not; `^(?=X)Y`: that both do), as `combined_pattern`
     writes it (True: every string matches, False: none); None where it does not start so
     (after `^`) or another part is outside the constructs read here."""
-    if not (pattern.startswith("^(?=") or pattern.startswith("^(?!")):
+    if not pattern.startswith(("^(?=", "^(?!")):
         return None
     matching: list[str] = []
     failing: list[str] = []
