@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import llguidance
 import pytest
 import torch
 from conftest import (
@@ -20,7 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grammarmask as gm
+from grammarmask.backends import llguidance_backend
 from grammarmask.backends.llguidance_backend import LLGuidanceBackend
+from grammarmask.tools.conformance import byte_token_ids, feed
 
 BACKENDS = ("xgrammar", "outlines", "llguidance")
 TINY_SCHEMA = {
@@ -436,3 +440,87 @@ def test_backends_without_a_batch_fill_say_so(
         matcher = compiled[name].matcher()
         assert not type(matcher).fill_many([matcher], bitmask, [0])
         assert not bitmask.any()
+
+
+SPENDING_SCHEMA = {"type": "string", "pattern": "^[ab]*a[ab]{12}$"}
+"""Its lexer builds new derivatives for every new text: a small budget is spent within a
+few dozen requests."""
+SMALL_FUEL = 60_000
+
+
+def _spending_texts(count: int, seed: int, lengths: tuple[int, int] = (20, 120)) -> list[str]:
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(count):
+        head = "".join(rng.choice("ab") for _ in range(rng.randint(*lengths)))
+        texts.append(json.dumps(head + "a" + "".join(rng.choice("ab") for _ in range(12))))
+    return texts
+
+
+def _walk(matcher: gm.Matcher, ids: list[int], size: int, *, last: bool = True) -> torch.Tensor:
+    """The mask before each token (and after the last, where `last`), accepting each."""
+    rows = torch.zeros(len(ids) + last, gm.words_per_row(size), dtype=torch.int32)
+    for position in range(len(rows)):
+        matcher.fill(rows, position)
+        if position < len(ids):
+            assert matcher.accept(ids[position]), position
+    return rows
+
+
+def _spent_by_raw_llguidance(
+    backend: LLGuidanceBackend, texts: list[str], table: dict[int, int]
+) -> bool:
+    """Whether copies of one raw LLMatcher with SMALL_FUEL fail some of `texts`."""
+    grammar = gm.Grammar.json_schema(SPENDING_SCHEMA)
+    lark = llguidance.LLMatcher.grammar_from_lark(
+        llguidance_backend._NO_FORCING + backend._lark(grammar, grammar.lower())
+    )
+    limits = llguidance.LLParserLimits(initial_lexer_fuel=SMALL_FUEL)
+    template = llguidance.LLMatcher(backend._tokenizer, lark, log_level=0, limits=limits)
+    ids = [[table[b] for b in text.encode()] for text in texts]
+    return any(template.deep_copy().try_consume_tokens(i) < len(i) for i in ids)
+
+
+def test_llguidance_requests_go_on_past_a_lexer_other_requests_spent(
+    deepseek: gm.Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All copies of a compiled grammar share one lexer budget; once some requests spend it,
+    llguidance fails every copy at its next new lexer state (later ones at their first
+    token). Each request must go on with the masks a fresh grammar gives: one in flight
+    across the spending, and every later one."""
+    table = byte_token_ids(deepseek)
+    backend = LLGuidanceBackend(deepseek)
+    grammar = gm.Grammar.json_schema(SPENDING_SCHEMA)
+    reference = backend.compile(grammar, grammar.lower())
+    texts = _spending_texts(80, seed=1)
+    assert _spent_by_raw_llguidance(backend, texts, table)
+    monkeypatch.setattr(llguidance_backend, "_LEXER_FUEL", SMALL_FUEL)
+    compiled = backend.compile(grammar, grammar.lower())
+
+    ids = [table[b] for b in texts[0].encode()]
+    half = len(ids) // 2
+    in_flight = compiled.matcher()
+    before = _walk(in_flight, ids[:half], deepseek.size, last=False)
+    for text in texts[1:]:
+        assert feed(compiled.matcher(), [table[b] for b in text.encode()])[0], text
+    after = _walk(in_flight, ids[half:], deepseek.size)
+    assert in_flight.can_stop()
+    assert torch.equal(torch.cat([before, after]), _walk(reference.matcher(), ids, deepseek.size))
+
+
+def test_llguidance_request_spending_the_whole_lexer_budget_alone_fails_with_the_reason(
+    deepseek: gm.Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text that needs more than the whole budget by itself cannot be served: the request
+    fails naming the budget (conformance counts it as refused, with the message)."""
+    table = byte_token_ids(deepseek)
+    monkeypatch.setattr(llguidance_backend, "_LEXER_FUEL", 2_000)
+    grammar = gm.Grammar.json_schema(SPENDING_SCHEMA)
+    compiled = LLGuidanceBackend(deepseek).compile(grammar, grammar.lower())
+    ids = [table[b] for b in _spending_texts(1, seed=2, lengths=(600, 600))[0].encode()]
+    errors: list[str] = []
+    complete, accepted = feed(compiled.matcher(), ids, errors)
+    assert not complete and 0 < accepted < len(ids)
+    assert len(errors) == 1 and "initial_lexer_fuel=2000" in errors[0]
+    with pytest.raises(RuntimeError, match=r"initial_lexer_fuel=2000\) on this request's own"):
+        feed(compiled.matcher(), ids)

@@ -78,6 +78,11 @@ LAYOUTS = {
             "anyOf": [{"properties": {"b": {}}}], "properties": {"a": {}, "b": {}}}}},
         {"s1": {"a": 1, "b": 2}}, '{"s1":{"b":2,"a":1}}',
     ),
+    "required keys no properties name": (
+        {"type": "object", "properties": {"z": {"type": "integer"}},
+         "patternProperties": {"^[ab]$": {"type": "integer"}}, "required": ["b", "a", "z"]},
+        {"a": 1, "c": 1, "z": 1, "b": 1}, '{"z":1,"b":1,"a":1,"c":1}',
+    ),
 }  # fmt: skip
 """Schemas whose merged keywords lay keys out in an order that llguidance's merge decides:
 keywords in their written order, each property where it first appears."""

@@ -12,7 +12,7 @@ import importlib.metadata
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import llguidance
@@ -83,6 +83,16 @@ _NO_FORCING = '%llguidance {"no_forcing": true}\n'
 (the first token of its encoder's split); without forcing, a mask allows every token that
 keeps the text in the grammar, as the other backends' masks do."""
 
+_LEXER_FUEL = 4_000_000
+"""llguidance's budget (`initial_lexer_fuel`) for the regex derivatives its lexer builds,
+spent by all copies of a compiled grammar together; its default, 1,000,000, runs out inside
+the first answer of a word-count pattern (`^(?:\\S+\\s+){0,49}\\S+$`) within a maxLength.
+What it costs in memory is in docs/backends.md."""
+
+_LEXER_SPENT = "lexer error: too many"
+"""How llguidance reports a lexer past its expression budget or its state bound; every
+copy sharing that lexer fails from then on, at its next new lexer state."""
+
 _REFUSALS = ("failed to compile JSON schema", "Unknown format", "not supported", "unsupported")
 """Messages of a valid spec that llguidance declines (unimplemented keywords, oneOf it cannot
 prove exclusive, overlapping patternProperties, ...), as opposed to a failure."""
@@ -127,20 +137,61 @@ def _first_line(message: str) -> str:
 
 class LLGuidanceMatcher(Matcher):
     """Wraps an LLMatcher; stop tokens are handled here, as for outlines, so that llguidance
-    never consumes one and a rollback over the stop token is exact."""
+    never consumes one and a rollback over the stop token is exact.
 
-    def __init__(self, matcher: Any, vocab: Vocabulary) -> None:
-        self._matcher = matcher
+    It keeps the tokens it accepted, so that when the lexer its grammar's copies share has
+    spent its budget it moves onto a renewed one and replays them: what other requests
+    spent never fails this one."""
+
+    def __init__(self, template: _Template, vocab: Vocabulary) -> None:
+        self._template = template
+        self._matcher, self._generation = template.copy()
         self._stop_token_ids = vocab.stop_token_ids
         self._stops = frozenset(vocab.stop_token_ids)
         self._words = (vocab.size + 31) // 32
         self._terminated = False
+        self._accepted: list[int] = []
 
     def _check_error(self) -> None:
         if self._matcher.is_error():
             raise RuntimeError(
                 f"llguidance matcher error: {_first_line(self._matcher.get_error())}"
             )
+
+    def _lexer_spent(self) -> bool:
+        return bool(self._matcher.is_error()) and _LEXER_SPENT in self._matcher.get_error()
+
+    def _spent_alone(self) -> RuntimeError:
+        return RuntimeError(
+            f"llguidance's lexer spent its whole budget (initial_lexer_fuel={_LEXER_FUEL}) "
+            f"on this request's own {len(self._accepted)} tokens"
+        )
+
+    def _renew(self) -> None:
+        """Go on from a fresh lexer: replay the accepted tokens on a copy of the renewed
+        template; RuntimeError if they alone spend its whole budget."""
+        self._matcher, self._generation = self._template.renew(self._generation)
+        replayed = self._matcher.try_consume_tokens(self._accepted)
+        if replayed < len(self._accepted) or self._lexer_spent():
+            raise self._spent_alone()
+
+    def _consume(self, token_id: int) -> bool:
+        """try_consume_tokens never enters llguidance's sticky error state on a bad token."""
+        if self._matcher.try_consume_tokens([token_id]) == 1:
+            self._accepted.append(token_id)
+            return True
+        if not self._lexer_spent():
+            self._check_error()
+        return False
+
+    def _spent_on(self, token_id: int) -> bool:
+        """Whether a refusal of `token_id` came from a spent lexer: the matcher's error says
+        so, or, where try_consume_tokens said nothing, consuming it on a copy does."""
+        if self._lexer_spent():
+            return True
+        probe = self._matcher.deep_copy()
+        probe.consume_token(token_id)
+        return bool(probe.is_error()) and _LEXER_SPENT in probe.get_error()
 
     def accept(self, token_id: int) -> bool:
         if self._terminated:
@@ -150,19 +201,30 @@ class LLGuidanceMatcher(Matcher):
                 return False
             self._terminated = True
             return True
-        # try_consume_tokens never enters llguidance's sticky error state on a bad token.
-        if self._matcher.try_consume_tokens([token_id]) == 1:
+        if self._consume(token_id):
             return True
-        self._check_error()
+        if not self._spent_on(token_id):
+            return False
+        self._renew()
+        if self._consume(token_id):
+            return True
+        if self._spent_on(token_id):
+            raise self._spent_alone()
         return False
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self._terminated:
             fill_stop_only(bitmask, row, self._stop_token_ids)
             return
-        self._matcher.unsafe_compute_mask_ptr(
-            row_pointer(bitmask, row, self._words), self._words * 4
-        )
+        for attempt in range(2):
+            self._matcher.unsafe_compute_mask_ptr(
+                row_pointer(bitmask, row, self._words), self._words * 4
+            )
+            if not self._lexer_spent():
+                break
+            if attempt:
+                raise self._spent_alone()
+            self._renew()
         self._check_error()
 
     def rollback(self, num_tokens: int) -> None:
@@ -171,6 +233,8 @@ class LLGuidanceMatcher(Matcher):
             num_tokens -= 1
         if num_tokens and not self._matcher.rollback(num_tokens):
             raise ValueError(f"cannot roll back {num_tokens} tokens: fewer were accepted")
+        if num_tokens:
+            del self._accepted[-num_tokens:]
 
     def is_terminated(self) -> bool:
         return self._terminated
@@ -181,19 +245,39 @@ class LLGuidanceMatcher(Matcher):
     def reset(self) -> None:
         self._matcher.reset()
         self._terminated = False
+        self._accepted.clear()
 
 
 class _Template:
     """A compiled LLMatcher at the start of its grammar; requests get deep copies of it
-    (sharing the compiled lexer and parser tables) instead of compiling again."""
+    (sharing the compiled lexer and parser tables) instead of compiling again.
 
-    def __init__(self, matcher: Any) -> None:
-        self._matcher = matcher
+    The copies share one lexer and its budget; once a copy finds it spent, `renew` builds
+    the template again from the same grammar, so later copies start with a fresh budget."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._matcher = build()
+        self._generation = 0
         self._lock = threading.Lock()
 
-    def copy(self) -> Any:
+    @property
+    def error(self) -> str | None:
+        """llguidance's first error line where the grammar did not compile, else None."""
+        return _first_line(self._matcher.get_error()) if self._matcher.is_error() else None
+
+    def copy(self) -> tuple[Any, int]:
+        """A copy at the start of the grammar, and the generation it came from."""
         with self._lock:
-            return self._matcher.deep_copy()
+            return self._matcher.deep_copy(), self._generation
+
+    def renew(self, spent_generation: int) -> tuple[Any, int]:
+        """A copy from a template newer than `spent_generation` (built now where none is)."""
+        with self._lock:
+            if self._generation == spent_generation:
+                self._matcher = self._build()
+                self._generation += 1
+            return self._matcher.deep_copy(), self._generation
 
 
 def _closed_objects(schema: Any) -> Any:
@@ -307,18 +391,19 @@ class LLGuidanceBackend(Backend):
         started = time.perf_counter()
         lark = self._lark(grammar, lowered)
         text = llguidance.LLMatcher.grammar_from_lark(_NO_FORCING + lark)
-        template = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
-        if template.is_error():
-            message = _first_line(template.get_error())
-            refused = any(marker in message for marker in _REFUSALS)
+        limits = llguidance.LLParserLimits(initial_lexer_fuel=_LEXER_FUEL)
+        template = _Template(
+            lambda: llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
+        )
+        if template.error is not None:
+            refused = any(marker in template.error for marker in _REFUSALS)
             error = UnsupportedGrammarError if refused else CompileError
-            raise error(f"llguidance cannot compile {grammar.describe()}: {message}")
+            raise error(f"llguidance cannot compile {grammar.describe()}: {template.error}")
         elapsed = time.perf_counter() - started
-        shared = _Template(template)
         return CompiledGrammar(
             self.name,
             grammar,
             unenforced,
             elapsed,
-            lambda: LLGuidanceMatcher(shared.copy(), self.vocab),
+            lambda: LLGuidanceMatcher(template, self.vocab),
         )

@@ -123,11 +123,14 @@ class Checker:
                 schema, test["data"], request["whitespace"], lowered=lowering.schema
             )
             encoded = text.encode("utf-8")
+            errors: list[str] = []
             if all(b in self.byte_ids for b in encoded):
-                as_bytes = feed(matcher, [self.byte_ids[b] for b in encoded])
+                as_bytes = feed(matcher, [self.byte_ids[b] for b in encoded], errors)
             else:
                 as_bytes = None
-            as_ids = feed(matcher, self.encode(text))
+            as_ids = feed(matcher, self.encode(text), errors)
+            if errors:
+                counts["matcher_errors"] += len(errors)
             if as_bytes is not None and as_bytes[0] != as_ids[0]:
                 counts["bytes_tokens_disagree"] += 1
                 findings.append({"test": index, "outcome": "bytes_tokens_disagree", "text": text})
@@ -147,6 +150,7 @@ class Checker:
                         "at_byte": _at_byte(as_bytes),
                         "jsonschema_valid": _verdict(schema, test["data"]),  # doubtful label?
                         "text": text,
+                        **({"matcher_error": errors[0]} if errors else {}),
                     }
                 )
                 continue
@@ -191,6 +195,7 @@ class Checker:
         must be refused by the mask, or be explained by a declaration."""
         matcher = compiled.matcher()
         share = max(1, limit // max(1, len(instances)))
+        errors: list[str] = []
         try:
             for instance in instances:
                 for mutant in mutants(schema, instance, share):
@@ -198,8 +203,11 @@ class Checker:
                     text, _ = serialize(
                         schema, mutant.instance, request["whitespace"], lowered=lowered
                     )
-                    if not feed(matcher, self.encode(text))[0]:
+                    if not feed(matcher, self.encode(text), errors)[0]:
                         counts["mutants_rejected"] += 1
+                        if errors:
+                            counts["matcher_errors"] += len(errors)
+                            errors.clear()
                         continue
                     verdict = judge_invalid_accepted(schema, compiled.unenforced, mutant.instance)
                     counts[f"mutant_accepted_{verdict}"] += 1

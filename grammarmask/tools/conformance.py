@@ -177,6 +177,7 @@ class _Layout:
     def __init__(self) -> None:
         self.nodes: list[Mapping[str, Any]] = []
         self.properties: dict[str, list[Any]] = {}
+        self.required: list[str] = []
 
     def add(self, node: Mapping[str, Any]) -> None:
         self.nodes.append(node)
@@ -184,6 +185,16 @@ class _Layout:
         if isinstance(properties, dict):
             for name, schema in properties.items():
                 self.properties.setdefault(name, []).append(schema)
+        required = node.get("required")
+        if isinstance(required, list):
+            self.required.extend(name for name in required if isinstance(name, str))
+
+    def key_order(self, instance: Mapping[str, Any]) -> list[str]:
+        """`instance`'s keys as llguidance lays them out: the properties, then the required
+        keys no `properties` names (in `required` order), then the rest."""
+        keys = [k for k in self.properties if k in instance]
+        keys += [k for k in dict.fromkeys(self.required) if k in instance and k not in keys]
+        return keys + [k for k in instance if k not in keys]
 
     def merge(self, other: _Layout) -> None:
         for node in other.nodes:
@@ -235,8 +246,7 @@ def _order(instance: Any, schema: Any, context: _SchemaContext) -> tuple[Any, bo
             items.append(value)
             determined = determined and ok
         return items, determined
-    keys = [k for k in layout.properties if k in instance]
-    keys += [k for k in instance if k not in layout.properties]
+    keys = layout.key_order(instance)
     if not determined and len(instance) < 2:
         determined = True
     result: dict[str, Any] = {}
@@ -267,19 +277,30 @@ def byte_token_ids(vocab: Vocabulary) -> dict[int, int]:
     return table
 
 
-def feed(matcher: Matcher, token_ids: Sequence[int]) -> tuple[bool, int]:
-    """(every token accepted and the matcher can stop, tokens accepted); then reset."""
+def feed(
+    matcher: Matcher, token_ids: Sequence[int], errors: list[str] | None = None
+) -> tuple[bool, int]:
+    """(every token accepted and the matcher can stop, tokens accepted); then reset.
+
+    With `errors`, a matcher error (RuntimeError: the plugin fails such a request with it)
+    refuses the text at the token it came from and its message is appended there; without,
+    it propagates."""
     accepted = 0
-    for token_id in token_ids:
-        if not matcher.accept(token_id):
-            break
-        accepted += 1
-    complete = accepted == len(token_ids) and matcher.can_stop()
-    matcher.reset()
-    return complete, accepted
+    try:
+        for token_id in token_ids:
+            if not matcher.accept(token_id):
+                break
+            accepted += 1
+        return accepted == len(token_ids) and matcher.can_stop(), accepted
+    except RuntimeError as exc:
+        if errors is None:
+            raise
+        errors.append(str(exc))
+        return False, accepted
+    finally:
+        matcher.reset()
 
 
-# ---------------------------------------------------------------------------- judging
 def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> LoweredSchema:
     """`schema`, lowered, without the keywords a backend declared as not enforced (their
     pointers are into the lowered schema, which accepts what `schema` accepts); validate

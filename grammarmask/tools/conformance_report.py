@@ -39,6 +39,7 @@ SUMMARY_COLUMNS = (
     "invalid_accepted_unverified",
     "invalid_accepted_defect",
     "bytes_tokens_disagree",
+    "matcher_errors",
 )
 MUTANT_COLUMNS = (
     "mutants",
@@ -94,6 +95,7 @@ def summary_table(totals: Mapping[str, Counter[str]]) -> str:
         "invalid_accepted_unverified": "unverified",
         "invalid_accepted_defect": "DEFECT",
         "bytes_tokens_disagree": "bytes!=ids",
+        "matcher_errors": "matcher err",
         "mutants_rejected": "mutant rej",
         "mutant_accepted_explained": "m explained",
         "mutant_accepted_unverified": "m unverified",
