@@ -358,11 +358,53 @@ def test_xgrammar_draft_fill_matches_the_interface_loop(
     """XGrammarMatcher.fill_drafts (its own loop, the token filter inlined: the pool's hot
     path) against the interface's loop over fill/accept/rollback on the same matcher: the
     same accepted count, the same rows up to it, the rows past it untouched, and the state
-    unchanged. Drafts come from a real instance with a forbidden token, a stop token, a raw
-    control byte or a surrogate lead/continuation spliced in."""
+    unchanged."""
+    matcher, drafts = _draw_drafts(data, "xgrammar", deepseek, deepseek_compiler, instances)
+    words = gm.words_per_row(deepseek.size)
+    untouched = torch.full((words,), 0x5A5A5A5A, dtype=torch.int32)
+    drafted = untouched.repeat(len(drafts) + 1, 1)
+    looped = torch.zeros_like(drafted)
+    before = _mask(matcher, deepseek.size)
+    accepted = matcher.fill_drafts(drafted, range(len(drafts) + 1), drafts)
+    assert torch.equal(_mask(matcher, deepseek.size), before)
+    assert gm.Matcher.fill_drafts(matcher, looped, range(len(drafts) + 1), drafts) == accepted
+    assert torch.equal(drafted[: accepted + 1], looped[: accepted + 1])
+    assert all(torch.equal(row, untouched) for row in drafted[accepted + 1 :])
+
+
+@given(data=st.data())
+def test_llguidance_draft_loop_stops_where_accept_stops(
+    deepseek: gm.Vocabulary,
+    deepseek_compiler: gm.GrammarCompiler,
+    instances: list[tuple[gm.Grammar, list[int]]],
+    data: st.DataObject,
+) -> None:
+    """The interface's draft loop skips `accept` for a draft its row forbids: it must stop
+    exactly where accepting the drafts one by one stops, and leave the state unchanged."""
+    matcher, drafts = _draw_drafts(data, "llguidance", deepseek, deepseek_compiler, instances)
+    before = _mask(matcher, deepseek.size)
+    rows = torch.zeros(len(drafts) + 1, gm.words_per_row(deepseek.size), dtype=torch.int32)
+    accepted = matcher.fill_drafts(rows, range(len(drafts) + 1), drafts)
+    assert torch.equal(_mask(matcher, deepseek.size), before)
+    one_by_one = 0
+    while one_by_one < len(drafts) and matcher.accept(drafts[one_by_one]):
+        one_by_one += 1
+    assert accepted == one_by_one
+
+
+def _draw_drafts(
+    data: st.DataObject,
+    backend: str,
+    deepseek: gm.Vocabulary,
+    deepseek_compiler: gm.GrammarCompiler,
+    instances: list[tuple[gm.Grammar, list[int]]],
+) -> tuple[gm.Matcher, list[int]]:
+    """A matcher part way through a real instance, and drafts that go on from there with
+    a forbidden token, a stop token, a raw control byte or a surrogate lead/continuation
+    spliced in (or not)."""
     grammar, instance = data.draw(st.sampled_from(instances))
     ids = [*instance, deepseek.stop_token_ids[0]]
-    matcher = deepseek_compiler.compile(grammar, "xgrammar").matcher()
+    matcher = deepseek_compiler.compile(grammar, backend).matcher()
     near_end = st.integers(max(0, len(ids) - 7), len(ids) - 1)  # drafts reach the stop token
     position = data.draw(st.one_of(st.integers(0, len(ids) - 1), near_end))
     assert all(matcher.accept(token) for token in ids[:position])
@@ -379,16 +421,7 @@ def test_xgrammar_draft_fill_matches_the_interface_loop(
     )
     if drafts and data.draw(st.booleans()):
         drafts[data.draw(st.integers(0, len(drafts) - 1))] = data.draw(splice)
-    words = gm.words_per_row(deepseek.size)
-    untouched = torch.full((words,), 0x5A5A5A5A, dtype=torch.int32)
-    drafted = untouched.repeat(len(drafts) + 1, 1)
-    looped = torch.zeros_like(drafted)
-    before = _mask(matcher, deepseek.size)
-    accepted = matcher.fill_drafts(drafted, range(len(drafts) + 1), drafts)
-    assert torch.equal(_mask(matcher, deepseek.size), before)
-    assert gm.Matcher.fill_drafts(matcher, looped, range(len(drafts) + 1), drafts) == accepted
-    assert torch.equal(drafted[: accepted + 1], looped[: accepted + 1])
-    assert all(torch.equal(row, untouched) for row in drafted[accepted + 1 :])
+    return matcher, drafts
 
 
 @given(data=st.data())

@@ -59,6 +59,11 @@ def fill_stop_only(bitmask: torch.Tensor, row: int, stop_token_ids: tuple[int, .
     set_token_bits(bitmask, row, stop_token_ids)
 
 
+def token_allowed(bitmask: torch.Tensor, row: int, token_id: int) -> bool:
+    """Whether `bitmask[row]` lets `token_id` through."""
+    return bool(int(bitmask[row, token_id >> 5]) >> (token_id & 31) & 1)
+
+
 def set_token_bits(bitmask: torch.Tensor, row: int, token_ids: tuple[int, ...]) -> None:
     """Allow `token_ids` in `bitmask[row]` in addition to what it allows already."""
     for token_id in token_ids:
@@ -88,12 +93,14 @@ class Matcher(ABC):
         """One step's rows: rows[0] after the current state, rows[j] after drafts[:j].
 
         Stops at the first draft the grammar forbids, rolls the trial back, and returns how
-        many drafts were accepted; rows past that are left untouched.
+        many drafts were accepted; rows past that are left untouched. A draft its row
+        forbids is not tried: the row says so already, and a refused `accept` can cost more
+        than an allowed one (llguidance's tells a forbidden token from a spent lexer).
         """
         self.fill(bitmask, rows[0])
         accepted = 0
         for draft in drafts:
-            if not self.accept(draft):
+            if not token_allowed(bitmask, rows[accepted], draft) or not self.accept(draft):
                 break
             accepted += 1
             self.fill(bitmask, rows[accepted])
