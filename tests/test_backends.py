@@ -557,3 +557,21 @@ def test_llguidance_request_spending_the_whole_lexer_budget_alone_fails_with_the
     assert len(errors) == 1 and "initial_lexer_fuel=2000" in errors[0]
     with pytest.raises(RuntimeError, match=r"initial_lexer_fuel=2000\) on this request's own"):
         feed(compiled.matcher(), ids)
+
+
+def test_llguidance_serves_an_anyof_of_thousands_of_objects(
+    deepseek: gm.Vocabulary, deepseek_compiler: gm.GrammarCompiler
+) -> None:
+    """3,000 branches open after `{` are more Earley items in one row than llguidance's
+    default bound (2,000): every answer failed at its first token."""
+    branches = [
+        {"type": "object", "properties": {"k": {"const": i}}, "required": ["k"],
+         "additionalProperties": False}
+        for i in range(3_000)
+    ]  # fmt: skip
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema({"anyOf": branches}), "llguidance")
+    table = byte_token_ids(deepseek)
+    errors: list[str] = []
+    assert feed(compiled.matcher(), [table[b] for b in b'{"k":2999}'], errors)[0], errors
+    assert not feed(compiled.matcher(), [table[b] for b in b'{"k":3000}'], errors)[0]
+    assert errors == []

@@ -89,6 +89,12 @@ spent by all copies of a compiled grammar together; its default, 1,000,000, runs
 the first answer of a word-count pattern (`^(?:\\S+\\s+){0,49}\\S+$`) within a maxLength.
 What it costs in memory is in docs/backends.md."""
 
+_ITEMS_IN_ROW = 5_000
+"""llguidance's bound on the Earley items of one row (`max_items_in_row`, default 2,000):
+a schema with a few thousand alternatives open at once (an `anyOf` of 3,000 objects, the
+JSON Schema Store's tmlanguage) failed at its first tokens. What a step may cost stays
+bounded by `step_max_items` (50,000 items)."""
+
 _LEXER_SPENT = "lexer error: too many"
 """How llguidance reports a lexer past its expression budget or its state bound; every
 copy sharing that lexer fails from then on, at its next new lexer state."""
@@ -391,7 +397,9 @@ class LLGuidanceBackend(Backend):
         started = time.perf_counter()
         lark = self._lark(grammar, lowered)
         text = llguidance.LLMatcher.grammar_from_lark(_NO_FORCING + lark)
-        limits = llguidance.LLParserLimits(initial_lexer_fuel=_LEXER_FUEL)
+        limits = llguidance.LLParserLimits(
+            initial_lexer_fuel=_LEXER_FUEL, max_items_in_row=_ITEMS_IN_ROW
+        )
         template = _Template(
             lambda: llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
         )
