@@ -47,6 +47,16 @@ def _mask(matcher: gm.Matcher, size: int) -> torch.Tensor:
     return row
 
 
+def _walk(matcher: gm.Matcher, ids: list[int], size: int, *, last: bool = True) -> torch.Tensor:
+    """The mask before each token (and after the last, where `last`), accepting each."""
+    rows = torch.zeros(len(ids) + last, gm.words_per_row(size), dtype=torch.int32)
+    for position in range(len(rows)):
+        matcher.fill(rows, position)
+        if position < len(ids):
+            assert matcher.accept(ids[position]), position
+    return rows
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forbidden_token_leaves_state_unchanged(
     backend: str,
@@ -307,13 +317,7 @@ def test_llguidance_matchers_of_one_grammar_fill_identically_from_two_threads(
     ]
 
     def masks(ids: list[int]) -> torch.Tensor:
-        matcher = compiled.matcher()
-        rows = torch.zeros(len(ids) + 1, gm.words_per_row(deepseek.size), dtype=torch.int32)
-        for position, token in enumerate([*ids, None]):
-            matcher.fill(rows, position)
-            if token is not None:
-                assert matcher.accept(token)
-        return rows
+        return _walk(compiled.matcher(), ids, deepseek.size)
 
     alone = [masks(ids) for ids in walks]
     with ThreadPoolExecutor(2) as threads:
@@ -488,16 +492,6 @@ def _spending_texts(count: int, seed: int, lengths: tuple[int, int] = (20, 120))
         head = "".join(rng.choice("ab") for _ in range(rng.randint(*lengths)))
         texts.append(json.dumps(head + "a" + "".join(rng.choice("ab") for _ in range(12))))
     return texts
-
-
-def _walk(matcher: gm.Matcher, ids: list[int], size: int, *, last: bool = True) -> torch.Tensor:
-    """The mask before each token (and after the last, where `last`), accepting each."""
-    rows = torch.zeros(len(ids) + last, gm.words_per_row(size), dtype=torch.int32)
-    for position in range(len(rows)):
-        matcher.fill(rows, position)
-        if position < len(ids):
-            assert matcher.accept(ids[position]), position
-    return rows
 
 
 def _spent_by_raw_llguidance(

@@ -164,9 +164,6 @@ class LLGuidanceMatcher(Matcher):
                 f"llguidance matcher error: {_first_line(self._matcher.get_error())}"
             )
 
-    def _lexer_spent(self) -> bool:
-        return bool(self._matcher.is_error()) and _LEXER_SPENT in self._matcher.get_error()
-
     def _spent_alone(self) -> RuntimeError:
         return RuntimeError(
             f"llguidance's lexer spent its whole budget (initial_lexer_fuel={_LEXER_FUEL}) "
@@ -178,7 +175,7 @@ class LLGuidanceMatcher(Matcher):
         template; RuntimeError if they alone spend its whole budget."""
         self._matcher, self._generation = self._template.renew(self._generation)
         replayed = self._matcher.try_consume_tokens(self._accepted)
-        if replayed < len(self._accepted) or self._lexer_spent():
+        if replayed < len(self._accepted) or _lexer_spent(self._matcher):
             raise self._spent_alone()
 
     def _consume(self, token_id: int) -> bool:
@@ -186,18 +183,23 @@ class LLGuidanceMatcher(Matcher):
         if self._matcher.try_consume_tokens([token_id]) == 1:
             self._accepted.append(token_id)
             return True
-        if not self._lexer_spent():
+        if not _lexer_spent(self._matcher):
             self._check_error()
         return False
 
     def _spent_on(self, token_id: int) -> bool:
         """Whether a refusal of `token_id` came from a spent lexer: the matcher's error says
         so, or, where try_consume_tokens said nothing, consuming it on a copy does."""
-        if self._lexer_spent():
+        if _lexer_spent(self._matcher):
             return True
         probe = self._matcher.deep_copy()
         probe.consume_token(token_id)
-        return bool(probe.is_error()) and _LEXER_SPENT in probe.get_error()
+        return _lexer_spent(probe)
+
+    def _write_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.unsafe_compute_mask_ptr(
+            row_pointer(bitmask, row, self._words), self._words * 4
+        )
 
     def accept(self, token_id: int) -> bool:
         if self._terminated:
@@ -222,15 +224,12 @@ class LLGuidanceMatcher(Matcher):
         if self._terminated:
             fill_stop_only(bitmask, row, self._stop_token_ids)
             return
-        for attempt in range(2):
-            self._matcher.unsafe_compute_mask_ptr(
-                row_pointer(bitmask, row, self._words), self._words * 4
-            )
-            if not self._lexer_spent():
-                break
-            if attempt:
-                raise self._spent_alone()
+        self._write_mask(bitmask, row)
+        if _lexer_spent(self._matcher):
             self._renew()
+            self._write_mask(bitmask, row)
+            if _lexer_spent(self._matcher):
+                raise self._spent_alone()
         self._check_error()
 
     def rollback(self, num_tokens: int) -> None:
@@ -252,6 +251,11 @@ class LLGuidanceMatcher(Matcher):
         self._matcher.reset()
         self._terminated = False
         self._accepted.clear()
+
+
+def _lexer_spent(matcher: Any) -> bool:
+    """Whether `matcher` stopped on a lexer past its budget (`_LEXER_SPENT`)."""
+    return bool(matcher.is_error()) and _LEXER_SPENT in matcher.get_error()
 
 
 class _Template:

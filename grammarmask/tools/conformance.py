@@ -301,6 +301,7 @@ def feed(
         matcher.reset()
 
 
+# ---------------------------------------------------------------------------- judging
 def loosen(schema: Any, unenforced: Iterable[Unenforced]) -> LoweredSchema:
     """`schema`, lowered, without the keywords a backend declared as not enforced (their
     pointers are into the lowered schema, which accepts what `schema` accepts); validate
