@@ -10,6 +10,7 @@ import pytest
 from conftest import accepts_all, allowed_ids, ids_in_row
 
 import grammarmask as gm
+from grammarmask.schema import LoweredSchema
 from grammarmask.tools.cli import main
 
 PLAIN = {
@@ -179,3 +180,38 @@ def test_check_auto_refusal_and_opt_in(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "-> xgrammar" in out and "partial: 1 constraint(s) not enforced" in out
     assert "auto: not enforced: uniqueItems at /" in out
+
+
+RECURSIVE_LIST = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "next": {"$ref": "#/$defs/node", "required": ["value"]},
+                "value": {"type": "integer"},
+            },
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+"""A list whose every later node must hold a value: a recursive `$ref` beside `required`."""
+
+
+def test_llguidance_serves_a_recursive_reference_beside_other_keywords(
+    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """llguidance refuses to intersect a reference whose target it is still reading;
+    lowering writes the intersection out as its own definition, and the nested
+    `required` still holds at every depth."""
+    grammar = gm.Grammar.json_schema(RECURSIVE_LIST)
+    with pytest.raises(gm.UnsupportedGrammarError, match="circular references"):
+        compiler.backend("llguidance").compile(grammar, LoweredSchema(RECURSIVE_LIST))
+    chosen = compiler.compile(grammar, "auto")
+    assert chosen.backend == "llguidance" and chosen.fully_enforced
+    for text, valid in (
+        ('{"next":{"next":{"value":2},"value":1}}', True),  # llguidance keeps the listed order
+        ('{"value":0}', True),
+        ('{"next":{"next":{},"value":1}}', False),
+        ('{"next":{}}', False),
+    ):
+        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text

@@ -28,7 +28,7 @@ from .. import formats
 from ..keywords import COUNT_KEYWORDS, VOCABULARY
 from ..pointers import json_pointer, pointer_refs_resolve
 from ..walk import iter_subschemas, map_subschemas, unreached_targets
-from . import anchors, combinators, dialects, disjoint, listed, regular, strings
+from . import anchors, combinators, dialects, disjoint, listed, recursion, regular, strings
 from .reading import Reading
 
 
@@ -99,6 +99,8 @@ def lower_schema(schema: Any) -> LoweredSchema:
         context = in_place
         lowered = _lower(schema, "", context, root=True)
     lowered = _anchor_references(lowered, context)
+    if not context.in_place:
+        lowered = _recursive_references(lowered, context)
     if not context.in_place and not context.unevaluated:
         lowered = _number_spellings(lowered, "", context)
     strict = dialects.strict_integers(draft)
@@ -192,6 +194,15 @@ def _anchor_references(lowered: Any, context: _Context) -> Any:
     lowered = anchors.as_pointers(lowered, pointers, rewritten)
     for pointer, detail in rewritten:
         context.note(pointer, "$ref", f"anchor {detail}")
+    return lowered
+
+
+def _recursive_references(lowered: Any, context: _Context) -> Any:
+    lowered, written = recursion.write_out_recursive_references(lowered, unreached_targets(lowered))
+    for pointer in written:
+        context.note(
+            pointer, "$ref", "a recursive reference beside other keywords -> its target's keywords"
+        )
     return lowered
 
 
