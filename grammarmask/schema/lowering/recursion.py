@@ -32,10 +32,6 @@ _DEFINITIONS = 256
 _PREFIX = "grammarmask-intersection-"
 
 
-class _TooLarge(Exception):
-    pass
-
-
 def write_out_recursive_references(schema: Any, unreached: frozenset[str]) -> tuple[Any, list[str]]:
     """`schema` (a lowered document, not changed) with each recursive reference that meets
     other keywords replaced by a copy of its target, and the pointers of the references
@@ -47,11 +43,8 @@ def write_out_recursive_references(schema: Any, unreached: frozenset[str]) -> tu
     if not recursive:
         return schema, []
     writer = _Writer(schema, recursive, unreached)
-    try:
-        rewritten = writer.children(copy.deepcopy(schema), "", original=True)
-    except _TooLarge:
-        return schema, []
-    if not writer.written:
+    rewritten = writer.children(copy.deepcopy(schema), "", original=True)
+    if not writer.written or writer.too_large:
         return schema, []
     rewritten["$defs"] = {**rewritten.get("$defs", {}), **writer.definitions}
     return rewritten, writer.written
@@ -121,6 +114,8 @@ class _Writer:
         self.definitions: dict[str, Any] = {}
         self.written: list[str] = []
         self.copied = 0
+        self.too_large = False
+        """Past a limit: the rewritten document is not used."""
 
     def rewrite(self, node: Any, pointer: str, *, original: bool = True) -> Any:
         """`node` (a copy of the part at `pointer`, changed in place) with its intersected
@@ -146,7 +141,7 @@ class _Writer:
     def _intersection(self, node: dict[str, Any], pointer: str, original: bool) -> Any:
         """`node`, or a reference to the definition that writes out its intersected
         recursive reference (one per distinct intersection, so that copies of copies end)."""
-        found = _intersected(node, self._recursive)
+        found = None if self.too_large else _intersected(node, self._recursive)
         if found is None:
             return node
         ref, place = found
@@ -162,7 +157,8 @@ class _Writer:
                 self.written.append(pointer + json_pointer(place))
             self.copied += len(json.dumps(target))
             if self.copied > _COPIED_CHARACTERS or len(self.names) > _DEFINITIONS:
-                raise _TooLarge
+                self.too_large = True
+                return node
             written = copy.deepcopy(target)
             if isinstance(written, dict):
                 for container in _CONTAINERS:
