@@ -3,10 +3,12 @@
 A `$ref` whose target leads back to itself, sitting beside other keywords (or in an `allOf`
 beside other branches, or as a branch of an `anyOf`/`oneOf` beside other keywords), asks
 its reader to intersect the target with the rest while the target is still being read:
-llguidance refuses that ("circular references with sibling keys"). A copy of the target's
-keywords in place of the reference means the same (every `$ref` inside the copy is a JSON
-pointer from the document's root, so it lands where it did), and the cycle then closes
-through the plain references inside the copy.
+llguidance refuses that ("circular references with sibling keys"). Each such schema
+object becomes a plain `$ref` to a definition of its own, holding the object with the
+reference replaced by a copy of the target (every `$ref` inside the copy is a JSON pointer
+from the document's root, so it lands where it did). The copy holds the same
+intersection again, which becomes a plain `$ref` to that same definition: the cycle
+closes through it, and means what it meant.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ _PREFIX = "grammarmask-intersection-"
 
 
 def write_out_recursive_references(schema: Any, unreached: frozenset[str]) -> tuple[Any, list[str]]:
-    """`schema` (a lowered document, not changed) with each recursive reference that meets
-    other keywords replaced by a copy of its target, and the pointers of the references
-    written out; `schema` itself when there is none, or when the copies would grow it by
-    more than `_COPIED_CHARACTERS`. `unreached`: the document's `unreached_targets`."""
+    """`schema` (a lowered document, not changed) with each schema object where a recursive
+    reference meets other keywords as a `$ref` to its own definition, and the pointers of
+    those references; `schema` itself when there is none, or past `_DEFINITIONS` or
+    `_COPIED_CHARACTERS`. `unreached`: the document's `unreached_targets`."""
     if not isinstance(schema, dict) or '"$ref"' not in json.dumps(schema):
         return schema, []
     recursive = _recursive_targets(schema)
