@@ -198,10 +198,12 @@ def _anchor_references(lowered: Any, context: _Context) -> Any:
 
 
 def _recursive_references(lowered: Any, context: _Context) -> Any:
-    lowered, written = recursion.write_out_recursive_references(lowered, unreached_targets(lowered))
+    lowered, written = recursion.write_out_recursive_references(lowered)
     for pointer in written:
         context.note(
-            pointer, "$ref", "a recursive reference beside other keywords -> its target's keywords"
+            pointer,
+            "$ref",
+            "a recursive reference beside other keywords -> a definition of its own",
         )
     return lowered
 

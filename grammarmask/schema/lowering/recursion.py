@@ -20,7 +20,7 @@ from typing import Any
 
 from ..keywords import VOCABULARY
 from ..pointers import json_pointer, resolve_pointer
-from ..walk import iter_subschemas, map_subschemas
+from ..walk import iter_subschemas, map_subschemas, unreached_targets
 
 _CONTAINERS = ("$defs", "definitions")
 """Keys that only hold subschemas for references: left out of a copy (its references reach
@@ -34,17 +34,17 @@ _DEFINITIONS = 256
 _PREFIX = "grammarmask-intersection-"
 
 
-def write_out_recursive_references(schema: Any, unreached: frozenset[str]) -> tuple[Any, list[str]]:
+def write_out_recursive_references(schema: Any) -> tuple[Any, list[str]]:
     """`schema` (a lowered document, not changed) with each schema object where a recursive
     reference meets other keywords as a `$ref` to its own definition, and the pointers of
     those references; `schema` itself when there is none, or past `_DEFINITIONS` or
-    `_COPIED_CHARACTERS`. `unreached`: the document's `unreached_targets`."""
+    `_COPIED_CHARACTERS`."""
     if not isinstance(schema, dict) or '"$ref"' not in json.dumps(schema):
         return schema, []
     recursive = _recursive_targets(schema)
     if not recursive:
         return schema, []
-    writer = _Writer(schema, recursive, unreached)
+    writer = _Writer(schema, recursive, unreached_targets(schema))
     rewritten = writer.children(copy.deepcopy(schema), "", original=True)
     if not writer.written or writer.too_large:
         return schema, []
