@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import grammarmask as gm
+from grammarmask.schema.patterns import (
+    holds_nul_without_quote_or_backslash,
+    without_nul_in_negated_classes,
+)
 from grammarmask.tools.conformance import byte_token_ids, feed, validates
 
 PATTERNS = (
@@ -21,13 +28,15 @@ PATTERNS = (
     r"^[^\s\\]+$", r"^\D+$", r"^[^\x00-\x1f]+$", r"^[a-zé]+$", r"^[^a-z]+$",
     r"^[\x00-\x1fa-z]+$", r"^[\x00-!#-~]+$", r"^[\x01-!#-~]+$", r"^[a-z\\]+$",
     "^[!#-~\U00010000-\U0010ffff]+$", "^[a-z\U00010000-\U0010ffff]+$",
+    r"^[\x00\x01-\x1fa-z]+$", r"^(?:[a-z\x01-\x1f]|\x00)+$", r"^[^\\\n]+$", r"^[^\\\x00]+$",
+    r'^[^"\\\x00]+$', r"^[^\x00-\x1f\\]+$", r"^[^-\\]+$",
 )  # fmt: skip
 """Negated classes, shorthands, `.`, positive classes with the backslash, from U+0000
 (llguidance) and with characters above U+FFFF (xgrammar; written as the characters)."""
 TEXTS = (
     r'"a\\b"', r'"a\"b"', r'"a\/b"', r'"a\nb"', r'"a\tb"', r'"a\u00e9b"', r'"a\u005cb"',
     r'"a\u0022b"', r'"\ud83d\ude00"', '"😀"', r'"a\u0020b"', r'"a\u0061"', '"aé"', r'"\u00e9"',
-    r'"a\u2028b"', r'"a\u0031"', '"ab"',
+    r'"a\u2028b"', r'"a\u0031"', '"ab"', r'"a\u0000b"',
 )  # fmt: skip
 """Each string written as the model would write it: JSON text, escapes and all."""
 
@@ -111,3 +120,83 @@ def test_auto_serves_each_pattern_fully_where_a_backend_can(
         compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), "auto")
         assert compiled.fully_enforced, (pattern, compiled.backend)
         assert _holes(deepseek_compiler, compiled.backend, schema, (text,)) == []
+
+
+def test_auto_serves_a_negated_class_on_llguidance_at_the_cost_of_nul(
+    deepseek_compiler: gm.GrammarCompiler,
+) -> None:
+    """llguidance gets `[^\\\\]` with U+0000 added to the class, which it reads right: a
+    pattern beside a length (which xgrammar does not hold) is served fully enforced, the
+    backslash escape is refused, and so is U+0000, the price of the rewrite."""
+    schema = {"type": "string", "pattern": r"^[^\\]+$", "minLength": 2}
+    compiled = deepseek_compiler.compile(gm.Grammar.json_schema(schema), "auto")
+    assert (compiled.backend, compiled.fully_enforced) == ("llguidance", True)
+    table = byte_token_ids(deepseek_compiler.vocab)
+    verdicts = {
+        text: feed(compiled.matcher(), [table[b] for b in text.encode()])[0]
+        for text in (r'"a\\b"', r'"a\"b"', '"ab"', '"a"', r'"a\u0000b"')
+    }
+    assert verdicts == {
+        r'"a\\b"': False,
+        r'"a\"b"': True,
+        '"ab"': True,
+        '"a"': False,
+        r'"a\u0000b"': False,
+    }
+
+
+def test_a_negated_class_keeps_its_reading_beside_a_negation(
+    deepseek_compiler: gm.GrammarCompiler,
+) -> None:
+    """Under an overlapping `oneOf` a stricter branch can let more through (`"\\u0000"`
+    would then pass the second branch alone), so there the class is left as written and
+    declared."""
+    schema = {
+        "oneOf": [
+            {"type": "string", "pattern": r"^[^\\]+$"},
+            {"type": "string", "maxLength": 1},
+        ]
+    }
+    grammar = gm.Grammar.json_schema(schema)
+    found = deepseek_compiler.backend("llguidance").unenforced(grammar, grammar.lower())
+    assert [(u.pointer, u.keyword) for u in found] == [("/oneOf/0", "pattern")]
+
+
+REWRITTEN = {
+    r"^[^\\]+$": r"^[^\x00\\]+$",
+    r"^[^-\\]+$": r"^[^\x00\-\\]+$",
+    r"^a[^\s\\](?:[^\u0022]|\\[^\\])*$": r"^a[^\x00\s\\](?:[^\x00\u0022]|\\[^\x00\\])*$",
+    r"^[^a]+$": r"^[^a]+$",
+    r"^[^\x00\\]+$": r"^[^\x00\\]+$",
+    r"^[^\S\\]+$": r"^[^\S\\]+$",
+    r"^[\\^\\]$": r"^[\\^\\]$",
+}  # fmt: skip
+"""Negated classes that hold U+0000 but not both `"` and `\\` get it added (a leading hyphen
+escaped); a class holding both, or no U+0000, and a positive class, are left as written."""
+
+
+@pytest.mark.parametrize("pattern", REWRITTEN)
+def test_negated_classes_lose_nul_and_nothing_else(pattern: str) -> None:
+    assert without_nul_in_negated_classes(pattern) == REWRITTEN[pattern]
+    assert not holds_nul_without_quote_or_backslash(REWRITTEN[pattern])
+
+
+@given(st.text(alphabet=st.sampled_from('ab-\\"\x00\x01 \t\u00e9'), max_size=8))
+def test_the_rewrite_changes_only_the_verdicts_on_nul(text: str) -> None:
+    for pattern, rewritten in REWRITTEN.items():
+        before, after = re.search(pattern, text), re.search(rewritten, text)
+        assert bool(after) == (bool(before) and ("\x00" not in text or pattern == rewritten))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "risky"),
+    [
+        (r"^[\x00-\x1fa-z]+$", True), (r"^[\x00\x01-\x1fa-z]+$", True),
+        (r"^(?:[a-z]|\x00)+$", True), (r"^(?:[a-z]|\u0000)+$", True), (r"^a\0$", True),
+        ("^a\x00$", True), (r"^[\s\x00]$", True), (r"^\\x00$", False), (r"^\x001$", True),
+        (r"^[\x01-\x1fa-z]+$", False), (r"^[\s\S]+$", False), (r"^.+$", False),
+        (r"^[^\d]+$", False), (r"^\01$", False), (r"^\000$", True), (r"^\08$", True),
+    ],
+)  # fmt: skip
+def test_where_llguidance_is_judged_to_misread_nul(pattern: str, risky: bool) -> None:
+    assert holds_nul_without_quote_or_backslash(pattern) == risky

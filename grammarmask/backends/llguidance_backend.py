@@ -21,39 +21,33 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from ..errors import CompileError, UnsupportedGrammarError, VocabularyError
 from ..grammars import Grammar
-from ..schema import KeywordSupport, LoweredSchema, Unenforced, find_unenforced, iter_subschemas
+from ..schema import (
+    KeywordSupport,
+    LoweredSchema,
+    Unenforced,
+    find_unenforced,
+    iter_reachable_subschemas,
+    iter_subschemas,
+)
 from ..schema.judge import COMMON_FORMATS, COMMON_KEYWORDS
 from ..schema.patterns import (
-    class_rule,
-    from_nul_without_quote_or_backslash,
-    may_exclude_quote_or_backslash,
+    holds_nul_without_quote_or_backslash,
+    pattern_rule,
+    without_nul_in_negated_classes,
 )
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
 
 
-def negated_class_excluding_quote_or_backslash(
-    node: dict[str, Any], pointer: str
-) -> Iterable[Unenforced]:
-    r"""llguidance lets the JSON escape `\"` or `\\` through a negated class that excludes
-    that character: `"a\\b"`, a string holding a backslash, passes `^[^\\]+$`."""
+def nul_beside_no_quote_or_backslash(node: dict[str, Any], pointer: str) -> Iterable[Unenforced]:
+    r"""llguidance lets the JSON escapes `\"` and `\\` through where the characters a
+    pattern allows at one place hold U+0000 but not both of them: `"a\\b"` passes
+    `^[\x00-\x1fa-z]+$` and `^(?:[a-z\x01-\x1f]|\x00)+$` (`[\x01-\x1fa-z]` is read right)."""
     reason = (
-        "a negated character class that excludes a quote or a backslash lets it through"
-        " as a JSON escape"
+        "a character class or an alternative that holds U+0000 but not a quote or a"
+        " backslash lets them through as JSON escapes"
     )
-    yield from class_rule(node, pointer, may_exclude_quote_or_backslash, reason)
-
-
-def class_from_nul_without_quote_or_backslash(
-    node: dict[str, Any], pointer: str
-) -> Iterable[Unenforced]:
-    r"""llguidance lets `\"` and `\\` through a class with a range from U+0000 that leaves
-    them out: `"a\\b"` passes `^[\x00-\x1fa-z]+$` (`[\x01-\x1fa-z]` is read right)."""
-    reason = (
-        "a character class from U+0000 without a quote or a backslash lets them through"
-        " as JSON escapes"
-    )
-    yield from class_rule(node, pointer, from_nul_without_quote_or_backslash, reason)
+    yield from pattern_rule(node, pointer, holds_nul_without_quote_or_backslash, reason)
 
 
 LLGUIDANCE_SUPPORT = KeywordSupport(
@@ -64,7 +58,7 @@ LLGUIDANCE_SUPPORT = KeywordSupport(
     },
     measured_on=("1.7.6", "1.9.1"),
     formats=COMMON_FORMATS | {"ipv4", "ipv6", "hostname", "time", "duration"},
-    rules=(negated_class_excluding_quote_or_backslash, class_from_nul_without_quote_or_backslash),
+    rules=(nul_beside_no_quote_or_backslash,),
     format_notes=(
         ("date", "is approximated: February 29 passes in every year"),
         ("date-time", "is approximated: February 29 passes in every year"),
@@ -301,6 +295,32 @@ def _closed_objects(schema: Any) -> Any:
     return closed
 
 
+_NEGATING = ("not", "oneOf", "if", "contains")
+"""Keywords under which a stricter subschema can let more through (`oneOf` of overlapping
+branches, `maxContains`)."""
+
+
+def _nul_free_negated_classes(schema: Any) -> Any:
+    """`schema` with U+0000 added to the negated classes of each `pattern` that llguidance
+    would misread (`without_nul_in_negated_classes`), where no keyword negates a subschema;
+    else `schema` itself. The cost is strings that hold U+0000 there; `patternProperties`
+    keys stay as written, since a name such a key no longer matched would be let through."""
+    if not isinstance(schema, dict):
+        return schema
+    nodes = [node for node, _ in iter_reachable_subschemas(schema)]
+    if any(keyword in node for node in nodes for keyword in _NEGATING) or not any(
+        isinstance(pattern := node.get("pattern"), str)
+        and without_nul_in_negated_classes(pattern) != pattern
+        for node in nodes
+    ):
+        return schema
+    rewritten = copy.deepcopy(schema)
+    for node, _ in iter_reachable_subschemas(rewritten):
+        if isinstance(pattern := node.get("pattern"), str):
+            node["pattern"] = without_nul_in_negated_classes(pattern)
+    return rewritten
+
+
 def _general_escapes_option() -> dict[str, bool]:
     """`json_allow_general_unicode_escapes` where this llguidance knows it (1.9 does):
     strings may then hold any printable \\u escape. 1.7, which vLLM pins, refuses the key;
@@ -350,7 +370,9 @@ class LLGuidanceBackend(Backend):
         return matcher.try_consume_tokens(tokens) < len(tokens)
 
     def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:
-        return () if lowered is None else find_unenforced(lowered.schema, LLGUIDANCE_SUPPORT)
+        if lowered is None:
+            return ()
+        return find_unenforced(_nul_free_negated_classes(lowered.schema), LLGUIDANCE_SUPPORT)
 
     def _lark(self, grammar: Grammar, lowered: LoweredSchema | None) -> str:
         """The grammar as llguidance's Lark dialect (JSON Schema inline via %json)."""
@@ -360,7 +382,7 @@ class LLGuidanceBackend(Backend):
                 raise UnsupportedGrammarError(
                     f"llguidance cannot serve {grammar.describe()}: it accepts no JSON at all"
                 )
-            schema = {} if schema is True else schema
+            schema = {} if schema is True else _nul_free_negated_classes(schema)
             if grammar.strict:
                 schema = _closed_objects(schema)
             flexible = grammar.whitespace == "flexible"

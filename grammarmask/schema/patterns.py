@@ -3,6 +3,7 @@ character classes and what they may exclude. The backends' own rules are built o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,9 +34,10 @@ def has_optional_group_ending_in_repetition(pattern: str) -> bool:
     return False
 
 
-def character_classes(pattern: str) -> list[tuple[bool, str]]:
-    """The pattern's character classes: (negated, body), escapes kept in the body."""
-    classes, index = [], 0
+def _class_spans(pattern: str) -> list[tuple[int, bool, str]]:
+    """The pattern's character classes: (where the body starts, negated, body), escapes
+    kept in the body."""
+    spans, index = [], 0
     while index < len(pattern):
         char = pattern[index]
         if char == "\\":
@@ -50,9 +52,24 @@ def character_classes(pattern: str) -> list[tuple[bool, str]]:
         start = end
         while end < len(pattern) and pattern[end] != "]":
             end += 2 if pattern[end] == "\\" else 1
-        classes.append((negated, pattern[start:end]))
+        spans.append((start, negated, pattern[start:end]))
         index = end + 1
-    return classes
+    return spans
+
+
+def character_classes(pattern: str) -> list[tuple[bool, str]]:
+    """The pattern's character classes: (negated, body), escapes kept in the body."""
+    return [(negated, body) for _, negated, body in _class_spans(pattern)]
+
+
+def _outside_classes(pattern: str) -> str:
+    """The pattern with every character class (brackets and all) cut out."""
+    pieces, index = [], 0
+    for start, negated, body in _class_spans(pattern):
+        opening = start - 1 - negated
+        pieces.append(pattern[index:opening])
+        index = start + len(body) + 1
+    return "".join(pieces) + pattern[index:]
 
 
 _SHORTHANDS = frozenset("sSdDwW")
@@ -101,21 +118,44 @@ def _covers(items: list[tuple[int, int] | str], code: int) -> bool:
     )  # \S, \D and \W cover a quote, a backslash and every character above U+FFFF
 
 
-def may_exclude_quote_or_backslash(negated: bool, body: str) -> bool:
-    """A negated class with this body may exclude `"` or `\\`."""
-    return negated and (_covers(_class_items(body), 0x22) or _covers(_class_items(body), 0x5C))
-
-
 def may_exclude_non_ascii(negated: bool, body: str) -> bool:
     """A negated class with this body may exclude a character outside ASCII."""
     return negated and any(isinstance(i, str) or i[1] >= 0x80 for i in _class_items(body))
 
 
-def from_nul_without_quote_or_backslash(negated: bool, body: str) -> bool:
-    """A class with a range from U+0000 that leaves out `"` or `\\`."""
+def _nul_without_quote_or_backslash(negated: bool, body: str) -> bool:
+    """A class that holds U+0000 but not both `"` and `\\`."""
     items = _class_items(body)
-    from_nul = any(not isinstance(i, str) and i[0] == 0 < i[1] for i in items)
-    return not negated and from_nul and not (_covers(items, 0x22) and _covers(items, 0x5C))
+
+    def holds(code: int) -> bool:
+        return _covers(items, code) != negated
+
+    return holds(0) and not (holds(0x22) and holds(0x5C))
+
+
+_NUL_ESCAPE = re.compile(r"\\(?:x00|u0000|u\{0+\}|0+(?![1-7]))")
+"""U+0000 written outside a class: `\\x00`, `\\u0000`, `\\u{0}`, `\\0` and its octal
+spellings (`\\000`; `\\01` is U+0001)."""
+
+
+def holds_nul_without_quote_or_backslash(pattern: str) -> bool:
+    """Some class of `pattern` holds U+0000 but not both `"` and `\\`, or U+0000 stands
+    alone outside a class (where the characters beside it are read together)."""
+    if any(_nul_without_quote_or_backslash(*c) for c in character_classes(pattern)):
+        return True
+    outside = _outside_classes(pattern).replace("\\\\", "")
+    return "\x00" in outside or _NUL_ESCAPE.search(outside) is not None
+
+
+def without_nul_in_negated_classes(pattern: str) -> str:
+    """`pattern` with U+0000 added to each negated class that holds it but not both `"` and
+    `\\` (`[^\\\\]` becomes `[^\\x00\\\\]`): stricter by the strings that hold U+0000."""
+    pieces, index = [], 0
+    for start, negated, body in _class_spans(pattern):
+        if negated and body and _nul_without_quote_or_backslash(negated, body):
+            pieces.append(pattern[index:start] + "\\x00" + ("\\" if body[0] == "-" else ""))
+            index = start
+    return "".join(pieces) + pattern[index:]
 
 
 def astral_beside_backslash(negated: bool, body: str) -> bool:
@@ -125,14 +165,26 @@ def astral_beside_backslash(negated: bool, body: str) -> bool:
     return not negated and astral and _covers(items, 0x5C)
 
 
+def pattern_rule(
+    node: dict[str, Any], pointer: str, risky: Callable[[str], bool], reason: str
+) -> Iterable[Unenforced]:
+    """The `pattern` and `patternProperties` of `node` with a regex that `risky` judges a
+    way for a JSON escape through."""
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and risky(pattern):
+        yield Unenforced(pointer, "pattern", reason)
+    keys = node.get("patternProperties")
+    if isinstance(keys, dict) and any(risky(key) for key in keys):
+        yield Unenforced(pointer, "patternProperties", reason)
+
+
 def class_rule(
     node: dict[str, Any], pointer: str, risky: Callable[[bool, str], bool], reason: str
 ) -> Iterable[Unenforced]:
-    """The `pattern` and `patternProperties` of `node` with a character class that `risky`
-    (given whether it is negated, and its body) judges a way for a JSON escape through."""
-    pattern = node.get("pattern")
-    if isinstance(pattern, str) and any(risky(*c) for c in character_classes(pattern)):
-        yield Unenforced(pointer, "pattern", reason)
-    keys = node.get("patternProperties")
-    if isinstance(keys, dict) and any(risky(*c) for k in keys for c in character_classes(k)):
-        yield Unenforced(pointer, "patternProperties", reason)
+    """`pattern_rule` for a regex with a character class that `risky` (given whether it is
+    negated, and its body) judges a way for a JSON escape through."""
+
+    def has_risky_class(pattern: str) -> bool:
+        return any(risky(*c) for c in character_classes(pattern))
+
+    yield from pattern_rule(node, pointer, has_risky_class, reason)
