@@ -541,6 +541,19 @@ def test_pattern_classes_read_as_ecma_262(
         assert accepts_all(matcher, ids) == ecma, (backend, pattern, text)
 
 
+def test_llguidance_reads_information_separators_as_ecma_262(
+    smollm2_compiler: gm.GrammarCompiler, smollm2_tokenizer: Any
+) -> None:
+    """U+001C-U+001F are not white space in ECMA-262, and llguidance lets `"\\u001f"` pass
+    `^\\S$`; Python's `re`, which jsonschema runs, calls them white space and refuses it. The
+    one place found where a backend is looser than jsonschema: it follows the standard."""
+    grammar = gm.Grammar.json_schema({"type": "string", "pattern": "^\\S$"})
+    matcher = smollm2_compiler.compile(grammar, LL).matcher()
+    ids = list(smollm2_tokenizer.encode('"\\u001f"', add_special_tokens=False))
+    assert accepts_all(matcher, ids)
+    assert not validates({"type": "string", "pattern": "^\\S$"}, "\x1f")
+
+
 BESIDE_REF = [
     ({"type": "integer", "$ref": "#/$defs/n", "$defs": {"n": {"type": "number"}}}, "1.5"),
     ({"maximum": 5, "$ref": "#/$defs/n", "$defs": {"n": {"type": "integer"}}}, "9"),

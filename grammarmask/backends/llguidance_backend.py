@@ -28,6 +28,7 @@ from ..schema import (
     find_unenforced,
     iter_reachable_subschemas,
     iter_subschemas,
+    json_pointer,
 )
 from ..schema.judge import COMMON_FORMATS, COMMON_KEYWORDS
 from ..schema.patterns import (
@@ -35,6 +36,7 @@ from ..schema.patterns import (
     pattern_rule,
     without_nul_in_negated_classes,
 )
+from ..schema.walk import child_schemas
 from ..vocabulary import Vocabulary
 from .base import Backend, CompiledGrammar, Matcher, fill_stop_only, row_pointer
 
@@ -300,23 +302,40 @@ _NEGATING = ("not", "oneOf", "if", "contains")
 branches, `maxContains`)."""
 
 
+def _leads_off_the_walk(node: dict[str, Any]) -> bool:
+    """`node` refers somewhere other than by a local JSON pointer (`#/...`)."""
+    reference = node.get("$ref", "#/")
+    dynamic = "$dynamicRef" in node or "$recursiveRef" in node
+    return dynamic or not (isinstance(reference, str) and reference.startswith("#/"))
+
+
 def _nul_free_negated_classes(schema: Any) -> Any:
     """`schema` with U+0000 added to the negated classes of each `pattern` that llguidance
-    would misread (`without_nul_in_negated_classes`), where no keyword negates a subschema;
-    else `schema` itself. The cost is strings that hold U+0000 there; `patternProperties`
-    keys stay as written, since a name such a key no longer matched would be let through."""
-    if not isinstance(schema, dict):
-        return schema
-    nodes = [node for node, _ in iter_reachable_subschemas(schema)]
-    if any(keyword in node for node in nodes for keyword in _NEGATING) or not any(
+    would misread (`without_nul_in_negated_classes`), except in the subschemas a keyword
+    negates (and what their `$ref`s lead to), where stricter could mean looser; `schema`
+    itself where nothing changes. The cost is strings that hold U+0000 there;
+    `patternProperties` keys stay as written, since a name such a key no longer matched
+    would be let through."""
+    if not isinstance(schema, dict) or not any(
         isinstance(pattern := node.get("pattern"), str)
         and without_nul_in_negated_classes(pattern) != pattern
-        for node in nodes
+        for node, _ in iter_reachable_subschemas(schema)
     ):
         return schema
     rewritten = copy.deepcopy(schema)
-    for node, _ in iter_reachable_subschemas(rewritten):
-        if isinstance(pattern := node.get("pattern"), str):
+    nodes = list(iter_reachable_subschemas(rewritten))
+    negated = [
+        pointer + json_pointer(step)
+        for node, pointer in nodes
+        for step, _ in child_schemas(node)
+        if step[0] in _NEGATING
+    ]
+    under_negation = [node for node, _ in iter_reachable_subschemas(rewritten, negated)]
+    if any(_leads_off_the_walk(node) for node in under_negation):
+        return schema  # a reference the walk does not follow ("#", "$dynamicRef")
+    left = {id(node) for node in under_negation}
+    for node, _ in nodes:
+        if isinstance(pattern := node.get("pattern"), str) and id(node) not in left:
             node["pattern"] = without_nul_in_negated_classes(pattern)
     return rewritten
 

@@ -3,7 +3,7 @@ judge, lowering and the conformance runner read schemas through it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .keywords import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_SINGLE, VOCABULARY
@@ -44,12 +44,15 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[dict[str, 
         yield from iter_subschemas(child, pointer + json_pointer(step))
 
 
-def iter_reachable_subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
-    """Every schema object of `iter_subschemas`, then every one a local `$ref` ("#/...")
-    leads to that the walk does not reach (a target under a key no keyword names, as in
-    `#/definitions/group/full`), each once: what a grammar serves is all of these."""
+def iter_reachable_subschemas(
+    schema: Any, starts: Iterable[str] = ("",)
+) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every schema object of `iter_subschemas` from each of `starts` (JSON pointers; the
+    root by default), then every one a local `$ref` ("#/...") leads to that the walk does
+    not reach (a target under a key no keyword names, as in `#/definitions/group/full`),
+    each once: what a grammar serves is all of these."""
     seen: set[str] = set()
-    pending = [""]
+    pending = list(starts)[::-1]
     while pending:
         start = pending.pop()
         if start in seen:  # the common case: a target the walk has been through
