@@ -197,6 +197,41 @@ RECURSIVE_LIST = {
 """A list whose every later node must hold a value: a recursive `$ref` beside `required`."""
 
 
+RECURSIVE_TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "title": "Kids"}
+            },
+            "patternProperties": {"^[a-z]+$": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+"""A tree whose listed property `kids` has the schema of the pattern its name matches."""
+
+
+def test_llguidance_serves_a_listed_property_that_a_recursive_pattern_matches(
+    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """llguidance intersects the two schemas of `kids`, both the recursive one, and refuses;
+    lowering leaves the listed one `{}`, so the pattern's schema alone holds, at depth."""
+    grammar = gm.Grammar.json_schema(RECURSIVE_TREE)
+    with pytest.raises(gm.UnsupportedGrammarError, match="circular references"):
+        compiler.backend("llguidance").compile(grammar, LoweredSchema(RECURSIVE_TREE))
+    chosen = compiler.compile(grammar, "auto")
+    assert chosen.backend == "llguidance" and chosen.fully_enforced
+    for text, valid in (
+        ('{"kids":[{"kids":[]},{"other":[{}]}]}', True),
+        ('{"kids":[{"kids":[1]}]}', False),
+        ('{"kids":[{"Kids":[]}]}', False),
+        ('{"kids":{}}', False),
+    ):
+        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+
+
 def test_llguidance_serves_a_recursive_reference_beside_other_keywords(
     compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
 ) -> None:

@@ -592,6 +592,15 @@ CASES: dict[str, Any] = {
         },
         "$ref": "#/$defs/node",
     },
+    "a listed property with the schema of a pattern it matches": {
+        "type": "object",
+        "properties": {
+            "by": {"type": "array", "items": {"type": "integer"}, "title": "By"},
+            "c": {"type": "string"},
+            "D": {"type": "array", "items": {"type": "integer"}},
+        },
+        "patternProperties": {"^[a-z]+": {"type": "array", "items": {"type": "integer"}}},
+    },
     "a draft-4 list beside integer": {
         "$schema": DRAFT4,
         "type": "integer",
@@ -714,6 +723,11 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     ):
         assert rules[kept] == set(), kept
     assert "oneOf" in lower_schema(CASES["draft-4 oneOf on consts is kept"]).schema
+    matched = lower_schema(CASES["a listed property with the schema of a pattern it matches"])
+    assert [r.pointer for r in matched.rewrites if r.rule == "patternProperties"] == [
+        "/properties/by"
+    ]
+    assert matched.schema["properties"]["by"] == {}
     for recursive in (
         "a recursive reference beside other keywords",
         "a recursive reference in an allOf",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +136,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         if only_listed is not out:
             return only_listed
         _dependencies(out, pointer, context)
+        _listed_beside_pattern(out, pointer, context)
         if not _property_names(out, pointer, context) and not _aligned_pattern_properties(
             node, out, pointer, context
         ):
@@ -395,6 +397,49 @@ def _aligned_pattern_properties(
             lowered_branches[index] = {**holder, "patternProperties": exact}
     context.note(pointer, "patternProperties", "patterns of allOf branches -> one disjoint set")
     return True
+
+
+_PLAIN_NAME = re.compile(r"[ -~]*")
+"""Property names whose match against a pattern Python's `re`, ECMA-262 and the backends
+agree on (printable ASCII, no newline)."""
+
+_PLACES = ('"$id"', '"id"', '"$anchor"', '"$dynamicAnchor"', '"$recursiveAnchor"')
+"""Keys that give a subschema a name or base of its own, which dropping it would lose."""
+
+
+def _listed_beside_pattern(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """A listed property whose schema is that of a `patternProperties` entry matching its
+    name, annotations aside, as `{}`: the value meets both, and both are the same (llguidance
+    refuses the intersection of a recursive schema with itself)."""
+    listed_schemas, entries = node.get("properties"), node.get("patternProperties")
+    if not isinstance(listed_schemas, dict) or not isinstance(entries, dict):
+        return
+    try:
+        patterns = [(re.compile(key), schema) for key, schema in entries.items()]
+    except (re.error, TypeError):
+        return
+    rewritten = dict(listed_schemas)
+    for name, schema in listed_schemas.items():
+        if not isinstance(schema, dict) or not schema or not _PLAIN_NAME.fullmatch(name):
+            continue
+        if any(place in json.dumps(schema) for place in _PLACES):
+            continue
+        own = _constraints(schema)
+        if any(p.search(name) and _constraints(other) == own for p, other in patterns):
+            rewritten[name] = {}
+            context.note(
+                pointer + json_pointer(("properties", name)),
+                "patternProperties",
+                "a listed property with the schema of a pattern it matches -> {}",
+            )
+    node["properties"] = rewritten
+
+
+def _constraints(schema: Any) -> Any:
+    """A subschema's own keywords of the vocabulary (its annotations left out)."""
+    if not isinstance(schema, dict):
+        return schema
+    return {key: value for key, value in schema.items() if key in VOCABULARY}
 
 
 def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -> None:
