@@ -213,40 +213,42 @@ RECURSIVE_TREE = {
 """A tree whose listed property `kids` has the schema of the pattern its name matches."""
 
 
-def test_llguidance_serves_a_listed_property_that_a_recursive_pattern_matches(
-    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
-) -> None:
-    """llguidance intersects the two schemas of `kids`, both the recursive one, and refuses;
-    lowering leaves the listed one `{}`, so the pattern's schema alone holds, at depth."""
-    grammar = gm.Grammar.json_schema(RECURSIVE_TREE)
-    with pytest.raises(gm.UnsupportedGrammarError, match="circular references"):
-        compiler.backend("llguidance").compile(grammar, LoweredSchema(RECURSIVE_TREE))
-    chosen = compiler.compile(grammar, "auto")
-    assert chosen.backend == "llguidance" and chosen.fully_enforced
-    for text, valid in (
-        ('{"kids":[{"kids":[]},{"other":[{}]}]}', True),
-        ('{"kids":[{"kids":[1]}]}', False),
-        ('{"kids":[{"Kids":[]}]}', False),
-        ('{"kids":{}}', False),
-    ):
-        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+RECURSIVE_VERDICTS = {
+    "list": (
+        RECURSIVE_LIST,
+        {
+            '{"next":{"next":{"value":2},"value":1}}': True,  # llguidance keeps the listed order
+            '{"value":0}': True,
+            '{"next":{"next":{},"value":1}}': False,
+            '{"next":{}}': False,
+        },
+    ),
+    "tree": (
+        RECURSIVE_TREE,
+        {
+            '{"kids":[{"kids":[]},{"other":[{}]}]}': True,
+            '{"kids":[{"kids":[1]}]}': False,
+            '{"kids":[{"Kids":[]}]}': False,
+            '{"kids":{}}': False,
+        },
+    ),
+}
 
 
-def test_llguidance_serves_a_recursive_reference_beside_other_keywords(
-    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+@pytest.mark.parametrize("shape", RECURSIVE_VERDICTS)
+def test_llguidance_serves_a_recursive_reference_that_meets_other_keywords(
+    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]], shape: str
 ) -> None:
-    """llguidance refuses to intersect a reference whose target it is still reading;
-    lowering writes the intersection out as its own definition, and the nested
-    `required` still holds at every depth."""
-    grammar = gm.Grammar.json_schema(RECURSIVE_LIST)
+    """llguidance refuses to intersect a reference whose target it is still reading: a
+    `required` beside it (the list), or a listed property's schema with the same schema
+    of the pattern its name matches (the tree). Lowering writes the first out as its own
+    definition and leaves the second's listed schema `{}`; the constraints still hold at
+    every depth."""
+    schema, verdicts = RECURSIVE_VERDICTS[shape]
+    grammar = gm.Grammar.json_schema(schema)
     with pytest.raises(gm.UnsupportedGrammarError, match="circular references"):
-        compiler.backend("llguidance").compile(grammar, LoweredSchema(RECURSIVE_LIST))
+        compiler.backend("llguidance").compile(grammar, LoweredSchema(schema))
     chosen = compiler.compile(grammar, "auto")
     assert chosen.backend == "llguidance" and chosen.fully_enforced
-    for text, valid in (
-        ('{"next":{"next":{"value":2},"value":1}}', True),  # llguidance keeps the listed order
-        ('{"value":0}', True),
-        ('{"next":{"next":{},"value":1}}', False),
-        ('{"next":{}}', False),
-    ):
+    for text, valid in verdicts.items():
         assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
