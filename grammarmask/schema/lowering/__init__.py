@@ -399,10 +399,6 @@ def _aligned_pattern_properties(
     return True
 
 
-_PLAIN_NAME = re.compile(r"[ -~]*")
-"""Property names whose match against a pattern Python's `re`, ECMA-262 and the backends
-agree on (printable ASCII, no newline)."""
-
 _PLACES = ('"$id"', '"id"', '"$anchor"', '"$dynamicAnchor"', '"$recursiveAnchor"')
 """Keys that give a subschema a name or base of its own, which dropping it would lose."""
 
@@ -420,7 +416,7 @@ def _listed_beside_pattern(node: dict[str, Any], pointer: str, context: _Context
         return
     rewritten = dict(listed_schemas)
     for name, schema in listed_schemas.items():
-        if not isinstance(schema, dict) or not schema or not _PLAIN_NAME.fullmatch(name):
+        if not isinstance(schema, dict) or not schema or not disjoint.PLAIN_NAME.fullmatch(name):
             continue
         if any(place in json.dumps(schema) for place in _PLACES):
             continue

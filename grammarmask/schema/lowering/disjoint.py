@@ -497,9 +497,9 @@ def _item_schema(node: dict[str, Any], index: int) -> Any:
     return node.get("items", True)
 
 
-_PLAIN_NAME = re.compile(r"[ -~]*")
-"""Property names whose match against a pattern Python's `re` and ECMA-262 agree on
-(printable ASCII, no newline)."""
+PLAIN_NAME = re.compile(r"[ -~]*")
+"""Property names whose match against a pattern Python's `re`, ECMA-262 and the backends
+agree on (printable ASCII, no newline)."""
 
 
 def _property_schema(node: dict[str, Any], name: str) -> Any:
@@ -509,7 +509,7 @@ def _property_schema(node: dict[str, Any], name: str) -> Any:
         return properties[name]
     patterns = node.get("patternProperties")
     if isinstance(patterns, dict) and patterns:
-        if not _PLAIN_NAME.fullmatch(name):
+        if not PLAIN_NAME.fullmatch(name):
             return True
         for pattern, schema in patterns.items():
             try:
