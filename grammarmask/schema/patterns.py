@@ -1,5 +1,6 @@
-"""Reading a schema's regular expressions for the judge: optional groups, negated
-character classes and what they may exclude. The backends' own rules are built on these."""
+"""Reading a schema's regular expressions for the judge: optional groups, character
+classes and what they hold or may exclude, and the one rewrite of a class a backend needs
+(U+0000 in a negated class, for llguidance). The backends' own rules are built on these."""
 
 from __future__ import annotations
 
