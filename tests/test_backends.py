@@ -500,7 +500,8 @@ def _spent_by_raw_llguidance(
     """Whether copies of one raw LLMatcher with SMALL_FUEL fail some of `texts`."""
     grammar = gm.Grammar.json_schema(SPENDING_SCHEMA)
     lark = llguidance.LLMatcher.grammar_from_lark(
-        llguidance_backend._NO_FORCING + backend._lark(grammar, grammar.lower())
+        llguidance_backend._NO_FORCING
+        + backend._lark(grammar, llguidance_backend._served_schema(grammar.lower()))
     )
     limits = llguidance.LLParserLimits(initial_lexer_fuel=SMALL_FUEL)
     template = llguidance.LLMatcher(backend._tokenizer, lark, log_level=0, limits=limits)

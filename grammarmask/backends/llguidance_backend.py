@@ -340,6 +340,16 @@ def _nul_free_negated_classes(schema: Any) -> Any:
     return rewritten
 
 
+def _served_schema(lowered: LoweredSchema | None) -> Any:
+    """The schema llguidance is given for `lowered` (None where there is none): judged and
+    compiled alike, and rewritten once per compile."""
+    return None if lowered is None else _nul_free_negated_classes(lowered.schema)
+
+
+def _unenforced_in(served: Any) -> tuple[Unenforced, ...]:
+    return () if served is None else find_unenforced(served, LLGUIDANCE_SUPPORT)
+
+
 def _general_escapes_option() -> dict[str, bool]:
     """`json_allow_general_unicode_escapes` where this llguidance knows it (1.9 does):
     strings may then hold any printable \\u escape. 1.7, which vLLM pins, refuses the key;
@@ -389,19 +399,18 @@ class LLGuidanceBackend(Backend):
         return matcher.try_consume_tokens(tokens) < len(tokens)
 
     def unenforced(self, grammar: Grammar, lowered: LoweredSchema | None) -> tuple[Unenforced, ...]:
-        if lowered is None:
-            return ()
-        return find_unenforced(_nul_free_negated_classes(lowered.schema), LLGUIDANCE_SUPPORT)
+        return _unenforced_in(_served_schema(lowered))
 
-    def _lark(self, grammar: Grammar, lowered: LoweredSchema | None) -> str:
-        """The grammar as llguidance's Lark dialect (JSON Schema inline via %json)."""
+    def _lark(self, grammar: Grammar, served: Any) -> str:
+        """The grammar as llguidance's Lark dialect (JSON Schema inline via %json); `served`
+        is `_served_schema` of its lowered schema."""
         if grammar.kind in ("json_schema", "json"):
-            schema: Any = lowered.schema if lowered is not None else {}
+            schema: Any = served if served is not None else {}
             if schema is False:
                 raise UnsupportedGrammarError(
                     f"llguidance cannot serve {grammar.describe()}: it accepts no JSON at all"
                 )
-            schema = {} if schema is True else _nul_free_negated_classes(schema)
+            schema = {} if schema is True else schema
             if grammar.strict:
                 schema = _closed_objects(schema)
             flexible = grammar.whitespace == "flexible"
@@ -438,9 +447,10 @@ class LLGuidanceBackend(Backend):
         return "\n".join(line for line in lark.splitlines() if not line.startswith("%llguidance"))
 
     def compile(self, grammar: Grammar, lowered: LoweredSchema | None) -> CompiledGrammar:
-        unenforced = self.unenforced(grammar, lowered)
+        served = _served_schema(lowered)
+        unenforced = _unenforced_in(served)
         started = time.perf_counter()
-        lark = self._lark(grammar, lowered)
+        lark = self._lark(grammar, served)
         text = llguidance.LLMatcher.grammar_from_lark(_NO_FORCING + lark)
         limits = llguidance.LLParserLimits(
             initial_lexer_fuel=_LEXER_FUEL, max_items_in_row=_ITEMS_IN_ROW
