@@ -405,12 +405,11 @@ class LLGuidanceBackend(Backend):
         """The grammar as llguidance's Lark dialect (JSON Schema inline via %json); `served`
         is `_served_schema` of its lowered schema."""
         if grammar.kind in ("json_schema", "json"):
-            schema: Any = served if served is not None else {}
-            if schema is False:
+            if served is False:
                 raise UnsupportedGrammarError(
                     f"llguidance cannot serve {grammar.describe()}: it accepts no JSON at all"
                 )
-            schema = {} if schema is True else schema
+            schema: Any = {} if served is None or served is True else served
             if grammar.strict:
                 schema = _closed_objects(schema)
             flexible = grammar.whitespace == "flexible"
