@@ -213,6 +213,21 @@ RECURSIVE_TREE = {
 """A tree whose listed property `kids` has the schema of the pattern its name matches."""
 
 
+RECURSIVE_CONDITION = {
+    "$defs": {
+        "item": {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/item"}]}},
+            "if": {"properties": {"type": {"const": "array"}}},
+            "then": {},
+        }
+    },
+    "$ref": "#/$defs/item",
+}
+"""A type that is a name or a type, under a condition that decides nothing (`then: {}`)."""
+
+
 RECURSIVE_VERDICTS = {
     "list": (
         RECURSIVE_LIST,
@@ -233,6 +248,24 @@ RECURSIVE_VERDICTS = {
         },
     ),
 }
+
+
+def test_llguidance_serves_a_recursive_type_under_a_condition_that_decides_nothing(
+    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """Written as an `anyOf` of both cases, the condition would meet the recursive
+    reference, which llguidance refuses; lowering drops it, as it decides nothing."""
+    chosen = compiler.compile(gm.Grammar.json_schema(RECURSIVE_CONDITION), "auto")
+    assert chosen.backend == "llguidance" and chosen.fully_enforced
+    verdicts = {
+        '{"type":"array"}': True,
+        '{"type":{"type":{"type":"x"}}}': True,
+        '{"type":{"type":{}}}': False,
+        '{"type":1}': False,
+        "{}": False,
+    }
+    for text, valid in verdicts.items():
+        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
 
 
 @pytest.mark.parametrize("shape", RECURSIVE_VERDICTS)

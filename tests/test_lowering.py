@@ -341,6 +341,17 @@ CASES: dict[str, Any] = {
     },
     "if without else": {"if": {"type": "integer"}, "then": {"minimum": 2}},
     "if that has no positive not is kept": {"if": {"multipleOf": 2}, "then": {"minimum": 2}},
+    "if whose then is empty and else absent": {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}},
+        "if": {"properties": {"kind": {"const": "array"}}},
+        "then": {},
+    },
+    "if whose then and else are the same": {
+        "if": {"multipleOf": 2},
+        "then": {"minimum": 2},
+        "else": {"minimum": 2},
+    },
     "not of properties": {"not": {"properties": {"a": {"type": "string"}, "b": False}}},
     "not of several keywords": {"not": {"type": "object", "required": ["a"]}},
     "dependency of a required property": {
@@ -791,6 +802,10 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     assert "not" in lower_schema(CASES["not const with a newline is kept"]).schema
     assert "if" not in lower_schema(CASES["if/then/else on a discriminator"]).schema
     assert "if" in lower_schema(CASES["if that has no positive not is kept"]).schema
+    assert "if" not in lower_schema(CASES["if whose then is empty and else absent"]).schema
+    assert lower_schema(CASES["if whose then and else are the same"]).schema == {
+        "allOf": [{"minimum": 2}]
+    }
     assert rules["anchor references"] == rules["draft-4 id anchor references"] - {"draft"}
     assert rules["anchor references"] == {"$ref"}
     assert lower_schema(CASES["anchor references"]).schema["properties"]["a"] == {

@@ -500,8 +500,18 @@ def _in_own_draft(schema: Any, draft: str | None) -> bool:
 
 def _if_then_else(node: dict[str, Any], pointer: str, context: _Context) -> None:
     """`if`/`then`/`else` as `anyOf: [{allOf: [if, then]}, {allOf: [not if, else]}]`, where
-    `not if` has a positive form."""
+    `not if` has a positive form; as `then` alone where `else` is the same schema (the
+    condition then decides nothing)."""
     if "if" not in node:
+        return
+    then, otherwise = node.get("then", True), node.get("else", True)
+    same = then == otherwise or (combinators.everything(then) and combinators.everything(otherwise))
+    if same and not context.unevaluated:  # `if` annotates what `unevaluated...` reads
+        for keyword in ("if", "then", "else"):
+            node.pop(keyword, None)
+        if not combinators.everything(then):
+            _add_all_of(node, then)
+        context.note(pointer, "if", "if/then/else with the same schema either way -> that schema")
         return
     condition = node["if"]
     inverse = combinators.positive_not(condition, context.root, context.draft)

@@ -235,7 +235,7 @@ def exactly_one(
             negation = negations[other_index]
             if negation is None:
                 negation = positive_not(other, root, draft, given=branch)
-            if negation is None and _everything(positive_not(branch, root, draft, given=other)):
+            if negation is None and everything(positive_not(branch, root, draft, given=other)):
                 negation = True  # no value of `other` is one of `branch`: the two are apart
             if negation is None:
                 negation = _outside_closed_object(branch, other, root, draft)
@@ -270,12 +270,12 @@ def _some_name_outside(names: Any, reading: Reading) -> dict[str, Any] | bool | 
     return {"type": "object", "anyOf": [{"required": [name]} for name in listed]}
 
 
-def _everything(schema: Any) -> bool:
+def everything(schema: Any) -> bool:
     """Whether `schema` plainly accepts every value (True, `{}`, an `allOf` of such)."""
     if schema is True or schema == {}:
         return True
     if isinstance(schema, dict) and set(schema) == {"allOf"} and isinstance(schema["allOf"], list):
-        return all(map(_everything, schema["allOf"]))
+        return all(map(everything, schema["allOf"]))
     return False
 
 
