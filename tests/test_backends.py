@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import grammarmask as gm
 from grammarmask.backends import llguidance_backend
 from grammarmask.backends.llguidance_backend import LLGuidanceBackend
+from grammarmask.schema import LoweredSchema
 from grammarmask.tools.conformance import byte_token_ids, feed
 
 BACKENDS = ("xgrammar", "outlines", "llguidance")
@@ -293,6 +294,39 @@ def test_llguidance_whitespace_bound_and_strict(
     assert accepts_all(loose.matcher(), extra)
     assert not accepts_all(strict.matcher(), extra)
     assert accepts_all(strict.matcher(), deepseek_encode('{"a":1}'))
+
+
+DECIMAL_STEP = {"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 100}
+DECIMAL_STEP_VERDICTS = {
+    "0.5": True,  # one fraction digit: llguidance alone writes 0.25's multiples with two
+    "75.0": True,
+    "75.5": True,
+    "75.50": True,
+    "0.75": True,
+    "75": True,
+    "0.3": False,
+    "75.1": False,
+    "100.25": False,
+    "-0.5": False,
+}
+"""A step of two fraction digits and numbers written with none, one or two of them."""
+
+
+def test_llguidance_takes_a_decimal_steps_multiples_written_with_fewer_digits(
+    deepseek_compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """llguidance writes the multiples of 0.25 with exactly two fraction digits (or none):
+    `0.5`, which a model writes as often as `0.50`, would be refused. Lowered as one step
+    per count of digits, every multiple is taken, however many digits up to two it has,
+    and nothing else."""
+    grammar = gm.Grammar.json_schema(DECIMAL_STEP)
+    backend = deepseek_compiler.backend("llguidance")
+    as_written = backend.compile(grammar, LoweredSchema(DECIMAL_STEP))
+    assert not accepts_all(as_written.matcher(), deepseek_encode("0.5"))
+    served = deepseek_compiler.compile(grammar, "llguidance")
+    assert served.fully_enforced
+    for text, valid in DECIMAL_STEP_VERDICTS.items():
+        assert accepts_all(served.matcher(), deepseek_encode(text)) is valid, text
 
 
 def test_llguidance_schema_options_cannot_loosen_it(deepseek_compiler: gm.GrammarCompiler) -> None:

@@ -341,6 +341,13 @@ CASES: dict[str, Any] = {
     },
     "if without else": {"if": {"type": "integer"}, "then": {"minimum": 2}},
     "if that has no positive not is kept": {"if": {"multipleOf": 2}, "then": {"minimum": 2}},
+    "a decimal step of two fraction digits": {"type": "number", "multipleOf": 0.25},
+    "a decimal step of three fraction digits beside integers": {
+        "type": ["integer", "string"],
+        "multipleOf": 0.125,
+        "maximum": 3,
+    },
+    "a decimal step of three fraction digits": {"multipleOf": 0.375, "minimum": -1},
     "if whose then is empty and else absent": {
         "type": "object",
         "properties": {"kind": {"type": "string"}},
@@ -803,6 +810,13 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     assert "if" not in lower_schema(CASES["if/then/else on a discriminator"]).schema
     assert "if" in lower_schema(CASES["if that has no positive not is kept"]).schema
     assert "if" not in lower_schema(CASES["if whose then is empty and else absent"]).schema
+    assert lower_schema(CASES["a decimal step of two fraction digits"]).schema["allOf"] == [
+        {"anyOf": [{"multipleOf": 0.5}, {"multipleOf": 0.25}]}
+    ]
+    assert rules["a decimal step of three fraction digits beside integers"] == set()
+    assert lower_schema(CASES["a decimal step of three fraction digits"]).schema["allOf"] == [
+        {"anyOf": [{"multipleOf": 1.5}, {"multipleOf": 0.75}, {"multipleOf": 0.375}]}
+    ]
     assert lower_schema(CASES["if whose then and else are the same"]).schema == {
         "allOf": [{"minimum": 2}]
     }

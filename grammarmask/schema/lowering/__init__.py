@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from ...errors import UnreadablePatternError
@@ -129,6 +131,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
             context.note(pointer, "draft", detail)
     out = _children(out, pointer, context)  # first: the rules below read lowered children
     _integer_counts(out, pointer, context)
+    _decimal_step(out, pointer, context)
     _formats(out, pointer, context, draft)
     _lookaheads(out, pointer, context)
     if draft is not None:  # known semantics: the combinators can be read
@@ -232,12 +235,42 @@ def _unknown_keywords(node: dict[str, Any], pointer: str, context: _Context, dra
         context.note(pointer, "draft", f"dropped {', '.join(unknown)} ({draft} does not know them)")
 
 
+_STEP_PLACES = 6
+"""The most fraction digits of a `multipleOf` written as one step per count of them."""
+
+
 def _integer_counts(node: dict[str, Any], pointer: str, context: _Context) -> None:
     for keyword in COUNT_KEYWORDS:
         value = node.get(keyword)
         if isinstance(value, float) and value.is_integer() and value >= 0:
             node[keyword] = int(value)
             context.note(pointer, "count", f"{keyword}: {value!r} -> {int(value)}")
+
+
+def _decimal_step(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """A `multipleOf` with two or more fraction digits (up to `_STEP_PLACES`) as an `anyOf`
+    of one step per count of fraction digits from one up to the step's own: a number
+    written with `d` of them is a multiple of the step exactly when it is a multiple of the
+    coarsest step with `d` digits, so the `anyOf` holds the same numbers. llguidance writes
+    a step's multiples with no fraction or with exactly the step's count of fraction digits
+    (0.25 takes `0.50`, not `0.5`); each step brings its own count."""
+    step, kinds = node.get("multipleOf"), node.get("type", "number")
+    if not isinstance(step, float) or not step > 0:
+        return
+    if "number" not in ([kinds] if isinstance(kinds, str) else kinds):
+        return  # integers only: no fraction digits to write
+    _, digits, exponent = Decimal(repr(step)).normalize().as_tuple()
+    if not isinstance(exponent, int) or not -_STEP_PLACES <= exponent < -1:
+        return  # one fraction digit or none: llguidance takes both already
+    places = -exponent
+    coefficient = int("".join(map(str, digits)))
+    steps = []
+    for written in range(1, places):  # the coarsest step with `written` fraction digits
+        coarsest = coefficient // math.gcd(coefficient, 10 ** (places - written))
+        steps.append(float(Decimal(coarsest).scaleb(-written)))
+    del node["multipleOf"]
+    _add_all_of(node, {"anyOf": [{"multipleOf": s} for s in (*steps, step)]})
+    context.note(pointer, "multipleOf", f"{step!r} -> one step per count of fraction digits")
 
 
 def _formats(node: dict[str, Any], pointer: str, context: _Context, draft: str | None) -> None:
