@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -265,6 +266,26 @@ def test_llguidance_serves_a_recursive_type_under_a_condition_that_decides_nothi
         "{}": False,
     }
     for text, valid in verdicts.items():
+        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+
+
+PATH_OF_SEGMENTS = {"type": "string", "pattern": "^(/?([.]{2}|[a-z0-9-]*)($|/))*$"}
+"""Segments each closed by a slash or the end: a `$` inside a repeated group."""
+
+
+def test_a_pattern_with_an_end_anchor_inside_is_served_as_python_reads_it(
+    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """llguidance reads a `$` inside a pattern as a lookaround it refuses; lowering writes
+    the pattern's strings without it, and the mask takes exactly what `re.search` does."""
+    grammar = gm.Grammar.json_schema(PATH_OF_SEGMENTS)
+    with pytest.raises(gm.UnsupportedGrammarError, match="lookarounds"):
+        compiler.backend("llguidance").compile(grammar, LoweredSchema(PATH_OF_SEGMENTS))
+    chosen = compiler.compile(grammar, "auto")
+    assert chosen.backend == "llguidance" and chosen.fully_enforced
+    for value in ("", "a/b-1/", "/../x", "a", "a//b", "A", "a/.", "a/b/c-d/../", "a b"):
+        valid = re.search(PATH_OF_SEGMENTS["pattern"], value) is not None
+        text = json.dumps(value)
         assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
 
 

@@ -490,6 +490,9 @@ CASES: dict[str, Any] = {
     "not of a leading lookahead": {"type": "string", "not": {"pattern": "^(?=a)"}},
     "a leading negative lookahead": {"type": "string", "pattern": "^(?!ab|b$).+$"},
     "leading lookaheads on any type": {"pattern": "^(?=a)(?!abc)"},
+    "a pattern with an end anchor inside": {"type": "string", "pattern": "^(/?(a|b*)($|/))*$"},
+    "a pattern with a start anchor inside, any type": {"pattern": "(^a|b)c"},
+    "a pattern with a word boundary is kept": {"type": "string", "pattern": "\\bab"},
     "a draft-7 tuple behind a $ref to a key no keyword names": {
         "$schema": DRAFT7,
         "$ref": "#/definitions/g/full",
@@ -867,9 +870,15 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
         assert "not" not in json.dumps(lower_schema(CASES[name]).schema), name
     assert "not" in lower_schema(CASES["not of a lookahead is kept"]).schema
     for name in ("not of a leading lookahead", "a leading negative lookahead",
-                 "leading lookaheads on any type"):  # fmt: skip
+                 "leading lookaheads on any type", "a pattern with an end anchor inside",
+                 "a pattern with a start anchor inside, any type"):  # fmt: skip
         text = json.dumps(lower_schema(CASES[name]).schema)
         assert "(?" not in text and '"not"' not in text and "pattern" in rules[name], name
+    written = lower_schema(CASES["a pattern with an end anchor inside"]).schema["pattern"]
+    assert written.count("$") == 1 and written.endswith("$")
+    nothing = lower_schema({"type": "string", "pattern": "x^y"}).schema  # `^` only at 0
+    assert nothing["pattern"] == "[^\\s\\S]"
+    assert rules["a pattern with a word boundary is kept"] == set()  # Python's \w written out
     behind = lower_schema(CASES["a draft-7 tuple behind a $ref to a key no keyword names"]).schema
     assert behind["definitions"]["g"]["full"] == {
         "type": "array", "prefixItems": [{"type": "integer"}], "items": False

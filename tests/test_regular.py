@@ -12,15 +12,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammarmask.errors import UnreadablePatternError
-from grammarmask.schema.lowering.regular import combined_pattern, without_lookaheads
+from grammarmask.schema.lowering.regular import (
+    Alphabet,
+    automaton,
+    combined_pattern,
+    sets_of,
+    without_lookaheads,
+)
 
 PATTERNS = (
     "^a", "b$", "abc", "^a+$", "^[a-c]{2,3}$", "x|^y", r"^\d+$", r"\s", "^.{1,3}$", "[^a-z]",
     "^(ab|c)*d?$", "é", "^[^é😀]+$", r"^\u00e9{2}", "a{,2}b", "{", "^$", "", r"\.", "a.b",
-    "^[0-9a-f]{4}-", "^(a|b)$",
+    "^[0-9a-f]{4}-", "^(a|b)$", "a^b", "(^a)b", "a$b", "^((a|b*)($|-))*$", r"(^|x)a", r"\Aa",
 )  # fmt: skip
-"""Anchors at either end or none, classes (negated, Unicode, `\\d`, `\\s`), counted and open
-repetition, alternation, a literal brace, the empty pattern."""
+"""Anchors at either end or none, and inside, classes (negated, Unicode, `\\d`, `\\s`),
+counted and open repetition, alternation, a literal brace, the empty pattern."""
+SELDOM_WRITTEN = (
+    r"\ba", r"a\b", r"^(\b.)*$", r"(a|\b)\b-", r"\b", r"^\b$", r"a\b$|\b\b", r"a\Z",
+    r"a\Z|^b$", "a$\n",
+)  # fmt: skip
+"""`\\b` between Unicode word characters and others (at either end, repeated, in a loop),
+whose written form spells Python's word class out, past the size limit; `\\Z` and a `$`
+before a newline, whose strings end without a final newline, which a pattern read with
+Python's `$` cannot say."""
 TEXT = st.text(alphabet=st.sampled_from("abcdxy0 -é😀٣\n{."), max_size=7)
 """Strings near the patterns: their letters, a Unicode digit, an astral character, a
 newline (Python's `$` passes one at the end)."""
@@ -55,6 +69,26 @@ def test_the_written_pattern_matches_what_search_says(
         assert whole <= wanted and (whole == wanted or text.endswith("\n")), (written, text)
 
 
+@settings(max_examples=300)
+@given(
+    matching=st.lists(st.sampled_from(PATTERNS + SELDOM_WRITTEN), min_size=1, max_size=2),
+    failing=st.lists(st.sampled_from(PATTERNS + SELDOM_WRITTEN), max_size=1),
+    texts=st.lists(TEXT, min_size=1, max_size=20),
+)
+def test_the_automaton_holds_the_strings_search_finds_a_match_in(
+    matching: list[str], failing: list[str], texts: list[str]
+) -> None:
+    """The language before it is written back, for the patterns seldom written too."""
+    alphabet = Alphabet([s for p in [*matching, *failing] for s in sets_of(p)])
+    machine = automaton(matching[0], alphabet)
+    for pattern in matching[1:]:
+        machine = machine.intersection(automaton(pattern, alphabet))
+    for pattern in failing:
+        machine = machine.intersection(automaton(pattern, alphabet).complement())
+    for text in texts:
+        assert machine.accepts(text, alphabet) == _wanted(matching, failing, text), text
+
+
 def test_most_pairs_of_the_patterns_are_written() -> None:
     """UnreadablePatternError (a pattern past the size limits, no reading alike with and without
     a final newline) stays the exception on these patterns."""
@@ -78,8 +112,8 @@ def test_empty_and_full_languages_are_booleans() -> None:
 
 @pytest.mark.parametrize(
     "pattern",
-    ["(?=a)", "(?!a)b", r"(a)\1", r"\bword", "(?i)a", "a^b", "(^a)b", "a$b", "a**", "[[:alpha:]]",
-     "(?P<n>a)", "a++", "(a", "[a", "\\"],
+    ["(?=a)", "(?!a)b", r"(a)\1", r"a\Bb", "(?i)a", "a**", "[[:alpha:]]", "(?P<n>a)", "a++",
+     "(a", "[a", "\\", "^*"],
 )  # fmt: skip
 def test_constructs_outside_the_reading_are_refused_by_name(pattern: str) -> None:
     with pytest.raises(UnreadablePatternError):

@@ -5,10 +5,12 @@ Every rewrite is exact or it is not applied; what stays approximate is left to t
 backends' support tables, which declare it. `Grammar` keeps the user's schema;
 `Grammar.lower()` is what the compiler hands the backends and `grammarmask check` shows.
 Rewrites: the draft-4/6/7 keywords in 2020-12 form, integer-valued decimals in count
-keywords as integers, formats the schema's draft does not define dropped, `date`, `time`,
+keywords as integers, a `multipleOf` of several fraction digits as one step per digit
+count, formats the schema's draft does not define dropped, `date`, `time`,
 `date-time` and `uri-reference` as exact patterns, patterns that start with lookaheads
 without them, dependencies and `dependentRequired` /
-`dependentSchemas` as `anyOf`, a `oneOf` as `anyOf` (of its branches where no two overlap,
+`dependentSchemas` as `anyOf`, `if`/`then`/`else` as `anyOf` (or as `then` where `else` is
+the same), a `oneOf` as `anyOf` (of its branches where no two overlap,
 else of each branch without the others), the `not`s that have a positive form, a schema
 that lists its values (`enum`, `const`, also in an `allOf` branch) as the listed values it
 accepts, and references to plain-name anchors as JSON pointers. `$ref` targets under keys
@@ -120,7 +122,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
         out = _children(dict(node), pointer, context)
         _integer_counts(out, pointer, context)
         _formats(out, pointer, context, context.format_draft)
-        _lookaheads(out, pointer, context)
+        _readable_pattern(out, pointer, context)
         return out
     out = dict(node)
     if draft is not None:
@@ -133,7 +135,7 @@ def _lower(node: Any, pointer: str, context: _Context, *, root: bool = False) ->
     _integer_counts(out, pointer, context)
     _decimal_step(out, pointer, context)
     _formats(out, pointer, context, draft)
-    _lookaheads(out, pointer, context)
+    _readable_pattern(out, pointer, context)
     if draft is not None:  # known semantics: the combinators can be read
         only_listed = _listed(out, pointer, context)
         if only_listed is not out:
@@ -255,8 +257,8 @@ def _decimal_step(node: dict[str, Any], pointer: str, context: _Context) -> None
     a step's multiples with no fraction or with exactly the step's count of fraction digits
     (0.25 takes `0.50`, not `0.5`); each step brings its own count."""
     step, kinds = node.get("multipleOf"), node.get("type", "number")
-    if not isinstance(step, float) or not step > 0:
-        return
+    if not isinstance(step, float) or not step > 0 or set(node) == {"multipleOf"}:
+        return  # a `multipleOf` alone: this rewrite's own branch, so that lowering ends
     if "number" not in ([kinds] if isinstance(kinds, str) else kinds):
         return  # integers only: no fraction digits to write
     _, digits, exponent = Decimal(repr(step)).normalize().as_tuple()
@@ -295,20 +297,29 @@ def _formats(node: dict[str, Any], pointer: str, context: _Context, draft: str |
     context.note(pointer, "format", f"format {name!r} -> its exact pattern")
 
 
-def _lookaheads(node: dict[str, Any], pointer: str, context: _Context) -> None:
-    """A `pattern` that starts with lookaheads (which no backend reads) as the pattern of the
-    same strings without them."""
+def _readable_pattern(node: dict[str, Any], pointer: str, context: _Context) -> None:
+    """A `pattern` that starts with lookaheads, or holds anchors inside or `\\A`, `\\Z`, `\\b`
+    (which backends read unlike Python, or not at all), as the pattern of the same strings
+    without them."""
     pattern = node.get("pattern")
     if not isinstance(pattern, str):
         return
-    written = regular.without_lookaheads(pattern)
-    if written is None:
+    for rewrite, what in _UNREADABLE_PARTS:
+        written = rewrite(pattern)
+        if written is None:
+            continue
+        if written is True:
+            del node["pattern"]
+        else:
+            node["pattern"] = regular.NO_STRING if written is False else written
+        context.note(pointer, "pattern", f"{what} -> a pattern of the same strings")
         return
-    if written is True:
-        del node["pattern"]
-    else:
-        node["pattern"] = regular.NO_STRING if written is False else written
-    context.note(pointer, "pattern", "leading lookaheads -> a pattern of the same strings")
+
+
+_UNREADABLE_PARTS = (
+    (regular.without_lookaheads, "leading lookaheads"),
+    (regular.without_inner_anchors, "anchors inside or escaped"),
+)
 
 
 def _dependencies(node: dict[str, Any], pointer: str, context: _Context) -> None:

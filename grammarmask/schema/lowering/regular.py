@@ -4,10 +4,11 @@ only one may match, then have an exact positive form.
 
 A pattern means what jsonschema makes of it: Python's `re.search` on the decoded string
 (`.` all but a newline, `\\d`, `\\w`, `\\s` as Python's Unicode classes, `$` at the end or
-before a final newline). Constructs outside that reading (lookarounds, backreferences,
-flags, `\\b`, anchors inside a sequence) raise UnreadablePatternError, and the caller keeps the
-keyword. The patterns written back hold only anchors at both ends, character classes,
-alternation, groups and `*`, `+`, `?`: the dialect every backend parses alike.
+before a final newline, `^`/`\\A`, `\\Z` and `\\b` wherever they stand). Constructs outside
+that reading (lookarounds, backreferences, flags, `\\B`) raise UnreadablePatternError, and the
+caller keeps the keyword. The patterns written back hold only anchors at both ends,
+character classes, alternation, groups and `*`, `+`, `?`: the dialect every backend parses
+alike.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ _CLASS_ESCAPES: dict[str, tuple[Callable[[str], bool], bool]] = {
     "W": (_is_word, True),
 }
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+_ESCAPED_ANCHORS = {"A": "start", "Z": "very end", "b": "word boundary"}
 
 
 # -- the syntax tree --------------------------------------------------------------------
@@ -117,7 +119,13 @@ class _Repeat:
 
 @dataclass(frozen=True)
 class _Anchor:
-    at_start: bool
+    """A zero-width assertion: `START` (`^`, `\\A`), `END` (`$`: the end or a final newline
+    before it), `VERY_END` (`\\Z`) or `WORD_BOUNDARY` (`\\b`)."""
+
+    kind: str
+
+
+START, END, VERY_END, WORD_BOUNDARY = "start", "end", "very end", "word boundary"
 
 
 _Node = _Chars | _Sequence | _Either | _Repeat | _Anchor
@@ -128,6 +136,8 @@ class _Parser:
 
     def __init__(self, pattern: str) -> None:
         self.text, self.at = pattern, 0
+        self.escaped_anchor = False
+        """Whether the pattern holds `\\A`, `\\Z` or `\\b` (which backends spell otherwise)."""
 
     def parse(self) -> _Node:
         node = self._either()
@@ -211,14 +221,19 @@ class _Parser:
         if char in ("*", "+", "?"):
             raise UnreadablePatternError("a quantifier with nothing to repeat")
         if char == "^":
-            return _Anchor(at_start=True)
+            return _Anchor(START)
         if char == "$":
-            return _Anchor(at_start=False)
+            return _Anchor(END)
         if char == ".":
             return _Chars(_invert(NEWLINE))
         if char == "[":
             return _Chars(self._class())
         if char == "\\":
+            anchor = _ESCAPED_ANCHORS.get(self._peek())
+            if anchor is not None:
+                self.at += 1
+                self.escaped_anchor = True
+                return _Anchor(anchor)
             return _Chars(self._escape(in_class=False))
         return _Chars(((ord(char), ord(char)),))
 
@@ -295,37 +310,66 @@ def _searched(tree: _Node, *, end_only: bool = False) -> _Node:
     """What `re.search(pattern, s)` accepts, as a whole-string match: each top-level
     option is preceded by anything unless it starts with `^`, and followed by anything
     unless it ends with `$` (then by an optional newline; `end_only`: by nothing, as a
-    backend reads `$`). Anchors anywhere else are refused."""
+    backend reads `$`, which holds for every other `$` too) or `\\Z`. Anchors elsewhere
+    stay in the tree as assertions."""
+    if end_only:
+        tree = _ends_only(tree)
     options = tree.options if isinstance(tree, _Either) else (tree,)
     anything = _Repeat(_Chars(EVERYTHING), 0, None)
     whole = []
     for option in options:
         items = list(option.items) if isinstance(option, _Sequence) else [option]
-        starts = bool(items) and items[0] == _Anchor(at_start=True)
+        starts = bool(items) and items[0] == _Anchor(START)
         if starts:
             items = items[1:]
-        ends = bool(items) and items[-1] == _Anchor(at_start=False)
-        if ends:
-            items = items[:-1]
-        if any(_holds_anchor(item) for item in items):
-            raise UnreadablePatternError("an anchor inside the pattern")
+        ending = items[-1] if items and isinstance(items[-1], _Anchor) else None
         head: list[_Node] = [] if starts else [anything]
         tail: list[_Node] = [anything]
-        if ends:
-            tail = [] if end_only else [_Repeat(_Chars(NEWLINE), 0, 1)]
+        if ending == _Anchor(END):
+            items, tail = items[:-1], [_Repeat(_Chars(NEWLINE), 0, 1)]
+        elif ending == _Anchor(VERY_END):
+            items, tail = items[:-1], []
         whole.append(_Sequence((*head, *items, *tail)))
     return _Either(tuple(whole))
 
 
-def _holds_anchor(node: _Node) -> bool:
-    if isinstance(node, _Anchor):
-        return True
+def _inside(tree: _Node) -> bool:
+    """Whether `tree` holds an anchor other than a top-level option's leading `^` and
+    trailing `$`."""
+    for option in tree.options if isinstance(tree, _Either) else (tree,):
+        items = list(option.items) if isinstance(option, _Sequence) else [option]
+        if items and items[0] == _Anchor(START):
+            items = items[1:]
+        if items and items[-1] == _Anchor(END):
+            items = items[:-1]
+        if any(_holds_anchor(item, _ANCHORS) for item in items):
+            return True
+    return False
+
+
+def _ends_only(node: _Node) -> _Node:
+    """`node` with each `$` read as `\\Z` (a backend's `$`)."""
+    if node == _Anchor(END):
+        return _Anchor(VERY_END)
     if isinstance(node, _Sequence):
-        return any(_holds_anchor(item) for item in node.items)
+        return _Sequence(tuple(map(_ends_only, node.items)))
     if isinstance(node, _Either):
-        return any(_holds_anchor(option) for option in node.options)
+        return _Either(tuple(map(_ends_only, node.options)))
     if isinstance(node, _Repeat):
-        return _holds_anchor(node.item)
+        return _Repeat(_ends_only(node.item), node.low, node.high)
+    return node
+
+
+def _holds_anchor(node: _Node, kinds: frozenset[str]) -> bool:
+    """Whether `node` holds an assertion of one of `kinds`."""
+    if isinstance(node, _Anchor):
+        return node.kind in kinds
+    if isinstance(node, _Sequence):
+        return any(_holds_anchor(item, kinds) for item in node.items)
+    if isinstance(node, _Either):
+        return any(_holds_anchor(option, kinds) for option in node.options)
+    if isinstance(node, _Repeat):
+        return _holds_anchor(node.item, kinds)
     return False
 
 
@@ -340,6 +384,8 @@ def _char_sets(node: _Node) -> Iterable[Intervals]:
             yield from _char_sets(option)
     elif isinstance(node, _Repeat):
         yield from _char_sets(node.item)
+    elif node == _Anchor(WORD_BOUNDARY):
+        yield _python_class(_is_word)
 
 
 # -- automata ---------------------------------------------------------------------------
@@ -442,8 +488,29 @@ def sets_of(pattern: str) -> list[Intervals]:
     return [*_char_sets(_Parser(pattern).parse()), NEWLINE]
 
 
+_Thread = tuple[int, int, int]
+"""A state of the construction below with what its assertions still ask of the rest: how
+it must end (`_FREE`, `_NEWLINE_OR_END`, `_AT_END`) and what the next character must be
+(`_ANY`, `_WORD`, `_NON_WORD_OR_END`)."""
+_FREE, _NEWLINE_OR_END, _AT_END = 0, 1, 2
+_ANY, _WORD, _NON_WORD_OR_END = 0, 1, 2
+
+
+def _asserted(
+    kind: str, thread: _Thread, target: int, *, at_start: bool, after_word: bool
+) -> _Thread | None:
+    """`thread` past an assertion of `kind` into `target`, or None where it cannot hold."""
+    _, ending, following = thread
+    if kind == START:
+        return (target, ending, following) if at_start else None
+    if kind in (END, VERY_END):
+        return (target, max(ending, _NEWLINE_OR_END if kind == END else _AT_END), following)
+    wanted = _NON_WORD_OR_END if after_word else _WORD
+    return (target, ending, wanted) if following in (_ANY, wanted) else None
+
+
 def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
-    edges: list[list[tuple[frozenset[int] | None, int]]] = [[]]
+    edges: list[list[tuple[frozenset[int] | str | None, int]]] = [[]]
 
     def state() -> int:
         edges.append([])
@@ -452,9 +519,10 @@ def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
         return len(edges) - 1
 
     def build(node: _Node, start: int) -> int:  # Thompson's construction: the end state
-        if isinstance(node, _Chars):
+        if isinstance(node, _Chars | _Anchor):
             end = state()
-            edges[start].append((alphabet.members(node.intervals), end))
+            label = node.kind if isinstance(node, _Anchor) else alphabet.members(node.intervals)
+            edges[start].append((label, end))
             return end
         if isinstance(node, _Sequence):
             for item in node.items:
@@ -481,27 +549,55 @@ def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
         return end
 
     final = build(tree, 0)
+    word = alphabet.members(_python_class(_is_word)) if _holds_anchor(tree, _BOUNDARY) else None
+    newline = alphabet.class_of(10)
+    if _holds_anchor(tree, _ENDS) and alphabet.classes[newline] != NEWLINE:
+        raise UnreadablePatternError("an anchor over an alphabet that does not split off \\n")
 
-    def closure(states: Iterable[int]) -> frozenset[int]:
-        seen, todo = set(states), list(states)
+    def closure(
+        threads: Iterable[_Thread], *, at_start: bool, after_word: bool
+    ) -> frozenset[_Thread]:
+        seen, todo = set(threads), list(threads)
         while todo:
-            for label, target in edges[todo.pop()]:
-                if label is None and target not in seen:
-                    seen.add(target)
-                    todo.append(target)
+            thread = todo.pop()
+            for label, target in edges[thread[0]]:
+                if isinstance(label, frozenset):
+                    continue
+                if label is None:
+                    reached: _Thread | None = (target, thread[1], thread[2])
+                else:
+                    reached = _asserted(
+                        label, thread, target, at_start=at_start, after_word=after_word
+                    )
+                if reached is not None and reached not in seen:
+                    seen.add(reached)
+                    todo.append(reached)
         return frozenset(seen)
 
-    start_set = closure([0])
+    def step(threads: frozenset[_Thread], klass: int) -> frozenset[_Thread]:
+        is_word = word is not None and klass in word
+        moved: list[_Thread] = []
+        for current, ending, following in threads:
+            if following == (_NON_WORD_OR_END if is_word else _WORD):
+                continue  # the boundary before this character does not hold
+            if ending == _AT_END or (ending == _NEWLINE_OR_END and klass != newline):
+                continue
+            after = _AT_END if ending == _NEWLINE_OR_END else _FREE
+            moved.extend(
+                (target, after, _ANY)
+                for label, target in edges[current]
+                if isinstance(label, frozenset) and klass in label
+            )
+        return closure(moved, at_start=False, after_word=is_word)
+
+    start_set = closure([(0, _FREE, _ANY)], at_start=True, after_word=False)
     index = {start_set: 0}
     order = [start_set]
     moves: list[tuple[int, ...]] = []
     for current in order:
         row = []
         for klass in range(len(alphabet.classes)):
-            step = [
-                t for s in current for label, t in edges[s] if label is not None and klass in label
-            ]
-            target = closure(step)
+            target = step(current, klass)
             if target not in index:
                 if len(order) >= MAX_STATES:
                     raise UnreadablePatternError("an automaton past the size limit")
@@ -509,8 +605,17 @@ def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
                 order.append(target)
             row.append(index[target])
         moves.append(tuple(row))
-    accepting = frozenset(i for i, s in enumerate(order) if final in s)
+    accepting = frozenset(
+        i
+        for i, threads in enumerate(order)
+        if any(t[0] == final and t[2] != _WORD for t in threads)
+    )
     return _minimal(Automaton(tuple(moves), accepting))
+
+
+_BOUNDARY = frozenset({WORD_BOUNDARY})
+_ENDS = frozenset({END, VERY_END})
+_ANCHORS = frozenset({START, END, VERY_END, WORD_BOUNDARY})
 
 
 def _minimal(machine: Automaton) -> Automaton:
@@ -1123,5 +1228,23 @@ def without_lookaheads(pattern: str) -> str | bool | None:
         return None  # `^(?!X)a|b`: the lookahead belongs to the first option only
     try:
         return combined_pattern(["^" + rest, *matching], failing)
+    except UnreadablePatternError:
+        return None
+
+
+# -- anchors inside ---------------------------------------------------------------------
+
+
+def without_inner_anchors(pattern: str) -> str | bool | None:
+    """`pattern` written without anchors inside it or `\\A`, `\\Z`, `\\b` (which backends
+    read unlike Python, or not at all: `^(a($|/))*$`), as `combined_pattern` writes it (True:
+    every string matches, False: none); None where it has none of them, or where it is
+    outside the constructs read here or too large to write."""
+    try:
+        parser = _Parser(pattern)
+        tree = parser.parse()
+        if not (parser.escaped_anchor or _inside(tree)):
+            return None
+        return combined_pattern([pattern], [])
     except UnreadablePatternError:
         return None
