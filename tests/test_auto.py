@@ -289,6 +289,38 @@ def test_a_pattern_with_an_end_anchor_inside_is_served_as_python_reads_it(
         assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
 
 
+NAMES_BUT_TWO = {
+    "type": "object",
+    "patternProperties": {"^(?!ab|c$).+$": {"type": "integer"}},
+    "additionalProperties": {"type": "string"},
+}
+"""Integer values under every name but `ab...` and `c` (with Python's final newline)."""
+
+
+def test_a_name_pattern_with_a_leading_lookahead_is_served_as_python_reads_it(
+    compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
+) -> None:
+    """llguidance refuses a lookahead in a property name pattern; lowering writes the names
+    without it, `c\\n` included (Python's `$` matches before it, so the lookahead refuses it)."""
+    grammar = gm.Grammar.json_schema(NAMES_BUT_TWO)
+    with pytest.raises(gm.UnsupportedGrammarError, match="regex parse error"):
+        compiler.backend("llguidance").compile(grammar, LoweredSchema(NAMES_BUT_TWO))
+    chosen = compiler.compile(grammar, "auto")
+    assert chosen.backend == "llguidance" and chosen.fully_enforced
+    verdicts = {
+        '{"x":1}': True,
+        '{"x":"s"}': False,
+        '{"abc":"s"}': True,
+        '{"abc":1}': False,
+        '{"c":"s"}': True,
+        '{"c\\n":"s"}': True,
+        '{"cd":1}': True,
+        '{"cd":"s"}': False,
+    }
+    for text, valid in verdicts.items():
+        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+
+
 @pytest.mark.parametrize("shape", RECURSIVE_VERDICTS)
 def test_llguidance_serves_a_recursive_reference_that_meets_other_keywords(
     compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]], shape: str

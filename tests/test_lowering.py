@@ -493,6 +493,15 @@ CASES: dict[str, Any] = {
     "a pattern with an end anchor inside": {"type": "string", "pattern": "^(/?(a|b*)($|/))*$"},
     "a pattern with a start anchor inside, any type": {"pattern": "(^a|b)c"},
     "a pattern with a word boundary is kept": {"type": "string", "pattern": "\\bab"},
+    "a name pattern with a leading lookahead": {
+        "type": "object",
+        "patternProperties": {"^(?!ab|c$).+$": {"type": "integer"}},
+        "additionalProperties": {"type": "string"},
+    },
+    "a name pattern with an anchor inside": {
+        "patternProperties": {"^(a|$)b": {"type": "integer"}},
+        "additionalProperties": False,
+    },
     "a draft-7 tuple behind a $ref to a key no keyword names": {
         "$schema": DRAFT7,
         "$ref": "#/definitions/g/full",
@@ -879,6 +888,10 @@ def test_the_rewrites_ran_where_they_should_and_not_elsewhere() -> None:
     nothing = lower_schema({"type": "string", "pattern": "x^y"}).schema  # `^` only at 0
     assert nothing["pattern"] == "[^\\s\\S]"
     assert rules["a pattern with a word boundary is kept"] == set()  # Python's \w written out
+    for name in ("a name pattern with a leading lookahead", "a name pattern with an anchor inside"):
+        names = lower_schema(CASES[name]).schema["patternProperties"]
+        assert rules[name] == {"patternProperties"} and "(?" not in json.dumps(names), name
+        assert all(n.count("$") == 1 and n.endswith("$") for n in names), name
     behind = lower_schema(CASES["a draft-7 tuple behind a $ref to a key no keyword names"]).schema
     assert behind["definitions"]["g"]["full"] == {
         "type": "array", "prefixItems": [{"type": "integer"}], "items": False

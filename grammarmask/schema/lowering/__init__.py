@@ -512,7 +512,7 @@ def _pattern_properties(node: dict[str, Any], pointer: str, context: _Context) -
             exact[name if renamed is None or renamed in entries else renamed] = schema
         if list(exact) == names:
             return
-        detail = "a name pattern ending in `$` -> with Python's final newline"
+        detail = "a name pattern as a backend reads it (Python's final newline, lookaheads)"
     node["patternProperties"] = exact
     context.note(pointer, "patternProperties", detail)
 

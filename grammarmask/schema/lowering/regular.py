@@ -407,7 +407,8 @@ class Alphabet:
             signatures.setdefault(key, []).append((low, end - 1))
         self.classes: list[Intervals] = [_normal(r) for r in signatures.values()]
         self._signatures = list(signatures)
-        self._sets = sets
+        self.sets = sets
+        """The character sets given, each a union of classes."""
 
     def class_of(self, code: int) -> int:
         """The class that holds the code point `code`."""
@@ -415,7 +416,7 @@ class Alphabet:
 
     def members(self, intervals: Intervals) -> frozenset[int]:
         """The classes that make up `intervals` (one of the sets given)."""
-        column = self._sets.index(intervals)
+        column = self.sets.index(intervals)
         return frozenset(i for i, key in enumerate(self._signatures) if key[column])
 
 
@@ -549,7 +550,11 @@ def _determinise(tree: _Node, alphabet: Alphabet) -> Automaton:
         return end
 
     final = build(tree, 0)
-    word = alphabet.members(_python_class(_is_word)) if _holds_anchor(tree, _BOUNDARY) else None
+    word = None
+    if _holds_anchor(tree, _BOUNDARY):
+        if _python_class(_is_word) not in alphabet.sets:
+            raise UnreadablePatternError("a \\b over an alphabet that does not split off \\w")
+        word = alphabet.members(_python_class(_is_word))
     newline = alphabet.class_of(10)
     if _holds_anchor(tree, _ENDS) and alphabet.classes[newline] != NEWLINE:
         raise UnreadablePatternError("an anchor over an alphabet that does not split off \\n")
@@ -1125,17 +1130,25 @@ def name_pattern(pattern: str) -> str | None:
     """A pattern that a backend (whose `$` is only the end) matches on exactly the property
     names jsonschema matches `pattern` on (Python's `$` also before a final newline); None
     where both read `pattern` alike. A pattern of one option ending in `$` gets an
-    optional newline before it; other names are written as `combined_pattern` with
-    `whole` writes them."""
-    tree = _Parser(pattern).parse()
-    options = tree.options if isinstance(tree, _Either) else (tree,)
-    alphabet = Alphabet(sets_of(pattern))
-    python = _determinise(_searched(tree), alphabet)
-    if _equal(python, _determinise(_searched(tree, end_only=True), alphabet)):
-        return None
-    if len(options) == 1 and pattern.endswith("$"):  # else the `$` closes a group
-        return pattern[:-1] + "\\n?$"
-    written = combined_pattern([pattern], [], whole=True)
+    optional newline before it; other names, and patterns with leading lookaheads or
+    anchors inside (which backends do not read as Python does), are written as
+    `combined_pattern` with `whole` writes them."""
+    if pattern.startswith(_LEADING_LOOKAHEADS):
+        written = without_lookaheads(pattern, whole=True)
+        if written is None:
+            raise UnreadablePatternError("a lookahead past the leading ones, or past the limits")
+    else:
+        parser = _Parser(pattern)
+        tree = parser.parse()
+        plain = not (parser.escaped_anchor or _inside(tree))
+        options = tree.options if isinstance(tree, _Either) else (tree,)
+        alphabet = Alphabet(sets_of(pattern))
+        python = _determinise(_searched(tree), alphabet)
+        if plain and _equal(python, _determinise(_searched(tree, end_only=True), alphabet)):
+            return None
+        if plain and len(options) == 1 and pattern.endswith("$"):  # else `$` closes a group
+            return pattern[:-1] + "\\n?$"
+        written = combined_pattern([pattern], [], whole=True)
     if isinstance(written, bool):
         return "" if written else NO_STRING
     return written
@@ -1205,12 +1218,15 @@ def _class_end(pattern: str, start: int) -> int:
     return -1
 
 
-def without_lookaheads(pattern: str) -> str | bool | None:
+_LEADING_LOOKAHEADS = ("^(?=", "^(?!")
+
+
+def without_lookaheads(pattern: str, *, whole: bool = False) -> str | bool | None:
     """`pattern` written without the lookaheads it starts with (`^(?!X)Y`: the strings that
     `^Y` finds a match in and `^X` does not; `^(?=X)Y`: that both do), as `combined_pattern`
-    writes it (True: every string matches, False: none); None where it does not start so
-    (after `^`) or another part is outside the constructs read here."""
-    if not pattern.startswith(("^(?=", "^(?!")):
+    writes it (with `whole` as there; True: every string matches, False: none); None where
+    it does not start so (after `^`) or another part is outside the constructs read here."""
+    if not pattern.startswith(_LEADING_LOOKAHEADS):
         return None
     matching: list[str] = []
     failing: list[str] = []
@@ -1227,7 +1243,7 @@ def without_lookaheads(pattern: str) -> str | bool | None:
     if len(_top_level_options(rest)) > 1:
         return None  # `^(?!X)a|b`: the lookahead belongs to the first option only
     try:
-        return combined_pattern(["^" + rest, *matching], failing)
+        return combined_pattern(["^" + rest, *matching], failing, whole=whole)
     except UnreadablePatternError:
         return None
 
