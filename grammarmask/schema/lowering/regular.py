@@ -89,7 +89,6 @@ _CLASS_ESCAPES: dict[str, tuple[Callable[[str], bool], bool]] = {
     "W": (_is_word, True),
 }
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
-_ESCAPED_ANCHORS = {"A": "start", "Z": "very end", "b": "word boundary"}
 
 
 # -- the syntax tree --------------------------------------------------------------------
@@ -126,6 +125,7 @@ class _Anchor:
 
 
 START, END, VERY_END, WORD_BOUNDARY = "start", "end", "very end", "word boundary"
+_ESCAPED_ANCHORS = {"A": START, "Z": VERY_END, "b": WORD_BOUNDARY}
 
 
 _Node = _Chars | _Sequence | _Either | _Repeat | _Anchor
