@@ -251,13 +251,25 @@ RECURSIVE_VERDICTS = {
 }
 
 
+def _auto_serves_on_llguidance(
+    compiler: gm.GrammarCompiler,
+    encode: Callable[[str], list[int]],
+    schema: dict[str, object],
+    verdicts: dict[str, bool],
+) -> None:
+    """`auto` serves `schema` fully on llguidance, and its mask takes each text exactly
+    where `verdicts` says it is valid."""
+    chosen = compiler.compile(gm.Grammar.json_schema(schema), "auto")
+    assert chosen.backend == "llguidance" and chosen.fully_enforced
+    for text, valid in verdicts.items():
+        assert accepts_all(chosen.matcher(), encode(text)) is valid, text
+
+
 def test_llguidance_serves_a_recursive_type_under_a_condition_that_decides_nothing(
     compiler: gm.GrammarCompiler, deepseek_encode: Callable[[str], list[int]]
 ) -> None:
     """Written as an `anyOf` of both cases, the condition would meet the recursive
     reference, which llguidance refuses; lowering drops it, as it decides nothing."""
-    chosen = compiler.compile(gm.Grammar.json_schema(RECURSIVE_CONDITION), "auto")
-    assert chosen.backend == "llguidance" and chosen.fully_enforced
     verdicts = {
         '{"type":"array"}': True,
         '{"type":{"type":{"type":"x"}}}': True,
@@ -265,8 +277,7 @@ def test_llguidance_serves_a_recursive_type_under_a_condition_that_decides_nothi
         '{"type":1}': False,
         "{}": False,
     }
-    for text, valid in verdicts.items():
-        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+    _auto_serves_on_llguidance(compiler, deepseek_encode, RECURSIVE_CONDITION, verdicts)
 
 
 PATH_OF_SEGMENTS = {"type": "string", "pattern": "^(/?([.]{2}|[a-z0-9-]*)($|/))*$"}
@@ -281,12 +292,11 @@ def test_a_pattern_with_an_end_anchor_inside_is_served_as_python_reads_it(
     grammar = gm.Grammar.json_schema(PATH_OF_SEGMENTS)
     with pytest.raises(gm.UnsupportedGrammarError, match="lookarounds"):
         compiler.backend("llguidance").compile(grammar, LoweredSchema(PATH_OF_SEGMENTS))
-    chosen = compiler.compile(grammar, "auto")
-    assert chosen.backend == "llguidance" and chosen.fully_enforced
-    for value in ("", "a/b-1/", "/../x", "a", "a//b", "A", "a/.", "a/b/c-d/../", "a b"):
-        valid = re.search(PATH_OF_SEGMENTS["pattern"], value) is not None
-        text = json.dumps(value)
-        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+    values = ("", "a/b-1/", "/../x", "a", "a//b", "A", "a/.", "a/b/c-d/../", "a b")
+    verdicts = {
+        json.dumps(v): re.search(PATH_OF_SEGMENTS["pattern"], v) is not None for v in values
+    }
+    _auto_serves_on_llguidance(compiler, deepseek_encode, PATH_OF_SEGMENTS, verdicts)
 
 
 NAMES_BUT_TWO = {
@@ -305,8 +315,6 @@ def test_a_name_pattern_with_a_leading_lookahead_is_served_as_python_reads_it(
     grammar = gm.Grammar.json_schema(NAMES_BUT_TWO)
     with pytest.raises(gm.UnsupportedGrammarError, match="regex parse error"):
         compiler.backend("llguidance").compile(grammar, LoweredSchema(NAMES_BUT_TWO))
-    chosen = compiler.compile(grammar, "auto")
-    assert chosen.backend == "llguidance" and chosen.fully_enforced
     verdicts = {
         '{"x":1}': True,
         '{"x":"s"}': False,
@@ -317,8 +325,7 @@ def test_a_name_pattern_with_a_leading_lookahead_is_served_as_python_reads_it(
         '{"cd":1}': True,
         '{"cd":"s"}': False,
     }
-    for text, valid in verdicts.items():
-        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+    _auto_serves_on_llguidance(compiler, deepseek_encode, NAMES_BUT_TWO, verdicts)
 
 
 @pytest.mark.parametrize("shape", RECURSIVE_VERDICTS)
@@ -334,7 +341,4 @@ def test_llguidance_serves_a_recursive_reference_that_meets_other_keywords(
     grammar = gm.Grammar.json_schema(schema)
     with pytest.raises(gm.UnsupportedGrammarError, match="circular references"):
         compiler.backend("llguidance").compile(grammar, LoweredSchema(schema))
-    chosen = compiler.compile(grammar, "auto")
-    assert chosen.backend == "llguidance" and chosen.fully_enforced
-    for text, valid in verdicts.items():
-        assert accepts_all(chosen.matcher(), deepseek_encode(text)) is valid, text
+    _auto_serves_on_llguidance(compiler, deepseek_encode, schema, verdicts)

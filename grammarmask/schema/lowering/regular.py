@@ -312,39 +312,41 @@ def _searched(tree: _Node, *, end_only: bool = False) -> _Node:
     unless it ends with `$` (then by an optional newline; `end_only`: by nothing, as a
     backend reads `$`, which holds for every other `$` too) or `\\Z`. Anchors elsewhere
     stay in the tree as assertions."""
-    if end_only:
-        tree = _ends_only(tree)
-    options = tree.options if isinstance(tree, _Either) else (tree,)
     anything = _Repeat(_Chars(EVERYTHING), 0, None)
     whole = []
-    for option in options:
-        items = list(option.items) if isinstance(option, _Sequence) else [option]
-        starts = bool(items) and items[0] == _Anchor(START)
-        if starts:
-            items = items[1:]
-        ending = items[-1] if items and isinstance(items[-1], _Anchor) else None
+    for starts, items, ending in _options(_ends_only(tree) if end_only else tree):
         head: list[_Node] = [] if starts else [anything]
         tail: list[_Node] = [anything]
         if ending == _Anchor(END):
-            items, tail = items[:-1], [_Repeat(_Chars(NEWLINE), 0, 1)]
+            tail = [_Repeat(_Chars(NEWLINE), 0, 1)]
         elif ending == _Anchor(VERY_END):
-            items, tail = items[:-1], []
+            tail = []
         whole.append(_Sequence((*head, *items, *tail)))
     return _Either(tuple(whole))
 
 
-def _inside(tree: _Node) -> bool:
-    """Whether `tree` holds an anchor other than a top-level option's leading `^` and
-    trailing `$`."""
+def _options(tree: _Node) -> list[tuple[bool, tuple[_Node, ...], _Anchor | None]]:
+    """Each top-level option of `tree`: whether it starts with `^`, the items between, and
+    the `$` or `\\Z` it ends with (None where it ends otherwise)."""
+    found = []
     for option in tree.options if isinstance(tree, _Either) else (tree,):
-        items = list(option.items) if isinstance(option, _Sequence) else [option]
-        if items and items[0] == _Anchor(START):
+        items = option.items if isinstance(option, _Sequence) else (option,)
+        starts = bool(items) and items[0] == _Anchor(START)
+        if starts:
             items = items[1:]
-        if items and items[-1] == _Anchor(END):
-            items = items[:-1]
-        if any(_holds_anchor(item, _ANCHORS) for item in items):
-            return True
-    return False
+        ending = items[-1] if items and items[-1] in (_Anchor(END), _Anchor(VERY_END)) else None
+        found.append((starts, items[:-1] if ending else items, ending))
+    return found
+
+
+def _read(pattern: str) -> tuple[_Node, bool]:
+    """The tree of `pattern`, and whether it holds an anchor a backend reads otherwise or
+    not at all: `\\A`, `\\Z` or `\\b` anywhere, or `^`/`$` other than at a top-level
+    option's ends."""
+    parser = _Parser(pattern)
+    tree = parser.parse()
+    inside = any(_holds_anchor(item, _ANCHORS) for _, items, _ in _options(tree) for item in items)
+    return tree, parser.escaped_anchor or inside
 
 
 def _ends_only(node: _Node) -> _Node:
@@ -1138,16 +1140,14 @@ def name_pattern(pattern: str) -> str | None:
         if written is None:
             raise UnreadablePatternError("a lookahead past the leading ones, or past the limits")
     else:
-        parser = _Parser(pattern)
-        tree = parser.parse()
-        plain = not (parser.escaped_anchor or _inside(tree))
-        options = tree.options if isinstance(tree, _Either) else (tree,)
-        alphabet = Alphabet(sets_of(pattern))
-        python = _determinise(_searched(tree), alphabet)
-        if plain and _equal(python, _determinise(_searched(tree, end_only=True), alphabet)):
-            return None
-        if plain and len(options) == 1 and pattern.endswith("$"):  # else `$` closes a group
-            return pattern[:-1] + "\\n?$"
+        tree, unlike = _read(pattern)
+        if not unlike:
+            alphabet = Alphabet(sets_of(pattern))
+            python = _determinise(_searched(tree), alphabet)
+            if _equal(python, _determinise(_searched(tree, end_only=True), alphabet)):
+                return None
+            if len(_options(tree)) == 1 and pattern.endswith("$"):  # else `$` closes a group
+                return pattern[:-1] + "\\n?$"
         written = combined_pattern([pattern], [], whole=True)
     if isinstance(written, bool):
         return "" if written else NO_STRING
@@ -1257,9 +1257,7 @@ def without_inner_anchors(pattern: str) -> str | bool | None:
     every string matches, False: none); None where it has none of them, or where it is
     outside the constructs read here or too large to write."""
     try:
-        parser = _Parser(pattern)
-        tree = parser.parse()
-        if not (parser.escaped_anchor or _inside(tree)):
+        if not _read(pattern)[1]:
             return None
         return combined_pattern([pattern], [])
     except UnreadablePatternError:
